@@ -1,0 +1,9 @@
+"""Test-wide setup: simulate 8 CPU devices before JAX starts, so mesh tests can run anywhere."""
+
+import os
+
+# Must happen before the first `import jax` anywhere in the test session.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
