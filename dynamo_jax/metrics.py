@@ -1,0 +1,126 @@
+"""Per-step metrics: one JSON line per step in the workdir, TensorBoard scalars, a progress bar.
+
+`metrics.jsonl` is the record plots and tests read. On resume the file is cut back to the
+restored step, so a run that was killed and restarted leaves the same file as one that was not.
+Values arrive as host scalars (the loop fetches the step's metric pytree once per step); a
+non-finite value is written as a JSON string ("nan", "inf") rather than invalid JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+# The figures shown on the progress bar, in order, when present.
+_BAR_KEYS = (
+    ("reward/mean", "R"),
+    ("temperature", "T"),
+    ("entropy/mean", "H"),
+    ("alloc/zero_var_share", "0var"),
+    ("perf/tokens_per_s", "tok/s"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    """Where and how metrics are reported."""
+
+    tensorboard: bool = True  # also write TensorBoard event files under workdir/tb
+    progress_bar: bool = True  # tqdm bar with the key figures
+    plots_at_end: bool = True  # write PNG plots into workdir/plots when the run ends
+
+
+def _json_value(value: Any) -> Any:
+    """Host scalar → JSON-safe value (NaN/Inf become strings so the line stays valid JSON)."""
+    if isinstance(value, np.ndarray | np.generic):
+        value = value.item() if np.ndim(value) == 0 else value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """All records of `workdir/metrics.jsonl`, in file order."""
+    path = Path(workdir) / METRICS_FILE
+    if not path.exists():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            # A run killed mid-write can leave a torn last line; anywhere else it is an error.
+            if lineno == len(lines):
+                break
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+    return records
+
+
+def truncate_metrics(workdir: str | Path, last_step: int) -> None:
+    """Keep only records with step <= last_step (the restored checkpoint's step)."""
+    path = Path(workdir) / METRICS_FILE
+    kept = [r for r in read_metrics(workdir) if int(r["step"]) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+
+
+class MetricsWriter:
+    """Appends step records to JSONL and TensorBoard and advances the progress bar."""
+
+    def __init__(
+        self, workdir: str | Path, config: LoggingConfig, *, total_steps: int, start_step: int
+    ):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._file = (self.workdir / METRICS_FILE).open("a")
+        self._tb = None
+        if config.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=start_step + 1)
+        self._bar = None
+        if config.progress_bar:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def write(self, step: int, values: Mapping[str, Any]) -> None:
+        record = {"step": int(step), **{k: _json_value(v) for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, step)
+        if self._bar is not None:
+            shown = {
+                short: f"{record[key]:.3g}"
+                for key, short in _BAR_KEYS
+                if isinstance(record.get(key), int | float)
+            }
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(1)
+
+    def message(self, text: str) -> None:
+        """A line that does not break the progress bar."""
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._bar is not None:
+            self._bar.close()
