@@ -1,0 +1,184 @@
+"""Multi-host setup: `jax.distributed` initialisation and per-process batch feeding.
+
+Where host-side work runs (each function below says which processes call it):
+- `initialize_distributed`: EVERY process, before any other JAX call.
+- `make_global_batch` / `local_batch_rows`: EVERY process, each with only its own rows; the
+  global batch is never materialised on one host.
+- `is_primary`: guards work done ONCE per job: logging/TensorBoard, printing, the rollout
+  sidecar, checkpoint metadata written outside orbax. Orbax checkpoint saves and restores are
+  collective: every process calls them (each writes its own shards).
+- `sync_hosts`: EVERY process (a barrier; a process that skips it hangs the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+# The usual launcher-independent variables (also read by many cluster wrappers).
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAX_PROCESS_ID"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """How to join a multi-process job; all None means: from the environment, else single process.
+
+    Attributes:
+      coordinator_address: "host:port" of process 0's coordinator service.
+      num_processes: total number of processes in the job.
+      process_id: this process's index in [0, num_processes).
+      initialization_timeout_s: how long to wait for all processes to join.
+    """
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    initialization_timeout_s: int = 300
+
+    def __post_init__(self):
+        if self.coordinator_address is not None and ":" not in self.coordinator_address:
+            raise ValueError(
+                "DistributedConfig.coordinator_address must be 'host:port', got "
+                f"{self.coordinator_address!r}"
+            )
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ValueError(
+                f"DistributedConfig.num_processes must be >= 1, got {self.num_processes}"
+            )
+        if self.process_id is not None:
+            if self.process_id < 0:
+                raise ValueError(
+                    f"DistributedConfig.process_id must be >= 0, got {self.process_id}"
+                )
+            if self.num_processes is not None and self.process_id >= self.num_processes:
+                raise ValueError(
+                    f"DistributedConfig.process_id {self.process_id} must be < num_processes "
+                    f"{self.num_processes}"
+                )
+        if self.initialization_timeout_s < 1:
+            raise ValueError(
+                "DistributedConfig.initialization_timeout_s must be >= 1, got "
+                f"{self.initialization_timeout_s}"
+            )
+
+
+def resolve_distributed_config(
+    cfg: DistributedConfig, environ: Mapping[str, str] | None = None
+) -> DistributedConfig:
+    """Fill unset fields from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID."""
+    env = os.environ if environ is None else environ
+
+    def _int(name: str) -> int | None:
+        raw = env.get(name)
+        if raw in (None, ""):
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+    return DistributedConfig(
+        coordinator_address=cfg.coordinator_address or env.get(ENV_COORDINATOR) or None,
+        num_processes=cfg.num_processes
+        if cfg.num_processes is not None
+        else _int(ENV_NUM_PROCESSES),
+        process_id=cfg.process_id if cfg.process_id is not None else _int(ENV_PROCESS_ID),
+        initialization_timeout_s=cfg.initialization_timeout_s,
+    )
+
+
+def initialize_distributed(
+    cfg: DistributedConfig, environ: Mapping[str, str] | None = None
+) -> bool:
+    """Join the multi-process job if one is configured. Call on EVERY process, before JAX use.
+
+    Returns True if `jax.distributed` was initialised (or already was), False for a
+    single-process run (nothing configured, or num_processes == 1).
+    """
+    cfg = resolve_distributed_config(cfg, environ)
+    fields = (cfg.coordinator_address, cfg.num_processes, cfg.process_id)
+    if all(f is None for f in fields) or cfg.num_processes == 1:
+        return False
+    if any(f is None for f in fields):
+        raise ValueError(
+            "multi-process run needs coordinator_address, num_processes and process_id (from "
+            f"DistributedConfig or {ENV_COORDINATOR}/{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}); got "
+            f"{cfg}"
+        )
+    if jax.distributed.is_initialized():
+        return True
+    jax.distributed.initialize(
+        coordinator_address=cfg.coordinator_address,
+        num_processes=cfg.num_processes,
+        process_id=cfg.process_id,
+        initialization_timeout=cfg.initialization_timeout_s,
+    )
+    return True
+
+
+def is_primary() -> bool:
+    """True on process 0: the one process that logs, prints and runs the rollout sidecar."""
+    return jax.process_index() == 0
+
+
+def sync_hosts(name: str) -> None:
+    """Barrier across processes (no-op with one process). Call on EVERY process."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def local_batch_rows(sharding: NamedSharding, global_batch_size: int) -> slice:
+    """The contiguous rows of the global batch this process must feed for `sharding`.
+
+    Devices are ordered process-major in the mesh, so a process's shards of the batch dimension
+    form one contiguous block; this is checked rather than assumed.
+    """
+    index_map = sharding.addressable_devices_indices_map((global_batch_size,))
+    rows = sorted({idx[0].indices(global_batch_size)[:2] for idx in index_map.values()})
+    start, stop = rows[0][0], rows[0][1]
+    for lo, hi in rows[1:]:
+        if lo != stop:
+            raise ValueError(
+                f"process {jax.process_index()} owns non-contiguous batch rows {rows}; the mesh "
+                "must place each process's devices together along the batch axes"
+            )
+        stop = hi
+    return slice(start, stop)
+
+
+def make_global_batch(
+    local_batch: Mapping[str, np.ndarray],
+    shardings: Mapping[str, NamedSharding],
+    global_batch_size: int,
+) -> dict[str, jax.Array]:
+    """Global jax.Arrays from this process's rows. Call on EVERY process with its own rows.
+
+    Arrays whose sharding is replicated (e.g. the scalar temperature) must be identical on every
+    process and are passed whole. Others are this process's `local_batch_rows` of the batch.
+    """
+    missing = set(shardings) - set(local_batch)
+    if missing:
+        raise KeyError(f"local batch is missing fields {sorted(missing)}")
+    out = {}
+    for key, sharding in shardings.items():
+        local = np.asarray(local_batch[key])
+        if sharding.is_fully_replicated:
+            out[key] = jax.make_array_from_process_local_data(sharding, local, local.shape)
+            continue
+        rows = local_batch_rows(sharding, global_batch_size)
+        if local.shape[0] != rows.stop - rows.start:
+            raise ValueError(
+                f"batch field {key!r}: process {jax.process_index()} must feed rows "
+                f"[{rows.start}, {rows.stop}) = {rows.stop - rows.start} rows, got {local.shape[0]}"
+            )
+        global_shape = (global_batch_size, *local.shape[1:])
+        out[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+    return out
