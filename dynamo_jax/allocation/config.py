@@ -1,0 +1,209 @@
+"""Frozen, validated configs for rollout allocation and the sampling-temperature scheduler.
+
+ALGORITHM.md §5 (DynaMO DRA and the authors' released heuristic) and §6 (E3 rank allocation,
+curriculum and temperature scheduler). `dynamo_jax/config.py` maps the ConfigDict sections
+`allocation` and `temperature` onto these classes; nothing else reads them by key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+POLICIES = ("uniform", "dynamo", "dynamo_released", "e3")
+TEMPERATURE_MODES = ("fixed", "e3")
+
+
+def _require(ok: bool, cls: str, field: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{cls}.{field}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationConfig:
+    """How a batch's rollout budget B = N · n_avg is split over its N prompts.
+
+    policy:
+      "uniform"          n_avg each (the GRPO baseline; also DynaMO's "DRA off" ablation).
+      "dynamo"           paper Alg. 1: water-level allocation by the unbiased Bernoulli
+                         variance P_i = k_i (G_i - k_i) / (G_i (G_i - 1)).
+      "dynamo_released"  the authors' released heuristic (ALGORITHM.md §5 "Code differs"),
+                         kept for side-by-side comparison.
+      "e3"               E3 difficulty-rank allocation with the widening [G_min, G_max]
+                         curriculum (ALGORITHM.md §6).
+    Bounds: every prompt gets n_i in [g_min, g_max] (for "e3" these are the curriculum's
+    limits; the bounds start at n_avg and widen by `e3_curriculum_step` per epoch).
+    """
+
+    policy: str = "uniform"
+    n_avg: int = 8  # default group size G; the batch budget is N · n_avg
+    g_min: int = 2
+    g_max: int = 16
+    # DynaMO: prompts whose (decayed) rollout count G_i is below this are data-scarce and get
+    # n_avg outside the water-filling (paper Appendix D). P_i needs G_i >= 2.
+    min_history: int = 2
+    # Old counts are multiplied by `decay` before a step's counts are added (1 = the paper).
+    decay: float = 1.0
+    # E3: after each epoch g_max_e += step and g_min_e -= step, up to [g_min, g_max].
+    e3_curriculum_step: int = 2
+    # The released heuristic's constants (authors' trainer).
+    released_priority_floor: float = 0.01
+    released_mastered_acc: float = 0.85
+    released_explore_rollouts: int = 4
+    released_explore_below: int = 4  # prompts with fewer rollouts than this are explored
+
+    def __post_init__(self):
+        c = "AllocationConfig"
+        _require(self.policy in POLICIES, c, "policy", f"{self.policy!r} not one of {POLICIES}")
+        for name in ("n_avg", "g_min", "g_max", "min_history", "e3_curriculum_step"):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and not isinstance(value, bool),
+                c,
+                name,
+                f"must be an int, got {value!r}",
+            )
+        _require(self.g_min >= 1, c, "g_min", f"must be >= 1, got {self.g_min}")
+        _require(
+            self.g_min <= self.n_avg <= self.g_max,
+            c,
+            "n_avg",
+            f"need g_min <= n_avg <= g_max, got g_min={self.g_min}, n_avg={self.n_avg}, "
+            f"g_max={self.g_max}",
+        )
+        _require(
+            self.min_history >= 2,
+            c,
+            "min_history",
+            f"must be >= 2 (P_i is defined for G_i >= 2), got {self.min_history}",
+        )
+        _require(0.0 < self.decay <= 1.0, c, "decay", f"must be in (0, 1], got {self.decay}")
+        _require(
+            self.e3_curriculum_step >= 1,
+            c,
+            "e3_curriculum_step",
+            f"must be >= 1, got {self.e3_curriculum_step}",
+        )
+        _require(
+            0.0 < self.released_priority_floor <= 1.0,
+            c,
+            "released_priority_floor",
+            f"must be in (0, 1], got {self.released_priority_floor}",
+        )
+        _require(
+            0.0 < self.released_mastered_acc <= 1.0,
+            c,
+            "released_mastered_acc",
+            f"must be in (0, 1], got {self.released_mastered_acc}",
+        )
+        _require(
+            self.released_explore_rollouts >= 1,
+            c,
+            "released_explore_rollouts",
+            f"must be >= 1, got {self.released_explore_rollouts}",
+        )
+        _require(
+            self.released_explore_below >= 0,
+            c,
+            "released_explore_below",
+            f"must be >= 0, got {self.released_explore_below}",
+        )
+
+    def validate_against(self, norm_adv_by_std: bool) -> None:
+        """Cross-check with the loss: a group of one response has no std, so no advantage."""
+        if norm_adv_by_std and self.g_min < 2:
+            raise ValueError(
+                f"AllocationConfig.g_min: must be >= 2 when the loss normalises advantages by "
+                f"the group std (norm_adv_by_std=True), got {self.g_min}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TemperatureConfig:
+    """Sampling temperature: fixed, or the E3 entropy-holding scheduler (Eq. 4 + Eq. 5).
+
+    The E3 update uses ln|V| + ln ln|V|, so `vocab_size` must be the policy's vocabulary size.
+    `temperature_min`/`temperature_max` clamp the scheduled temperature (a safety net the
+    paper does not have; Eq. 4 can overshoot when entropy jumps).
+    """
+
+    mode: str = "fixed"
+    initial: float = 1.0  # τ_0
+    init_steps: int = 1  # H_init = mean entropy of the first `init_steps` batches
+    vocab_size: int | None = None  # |V|; required for mode "e3"
+    anneal: bool = False  # cosine annealing of the entropy target (Eq. 5)
+    anneal_start_frac: float = 0.6  # t_anneal = ⌊frac · total_steps⌋
+    eta: float = 0.9  # final target = eta · H_init
+    total_steps: int | None = None  # t_max of Eq. 5; required when anneal=True
+    temperature_min: float = 0.1
+    temperature_max: float = 2.0
+
+    def __post_init__(self):
+        c = "TemperatureConfig"
+        _require(
+            self.mode in TEMPERATURE_MODES,
+            c,
+            "mode",
+            f"{self.mode!r} not one of {TEMPERATURE_MODES}",
+        )
+        _require(
+            math.isfinite(self.initial) and self.initial > 0,
+            c,
+            "initial",
+            f"must be a finite temperature > 0, got {self.initial}",
+        )
+        _require(
+            0 < self.temperature_min <= self.temperature_max,
+            c,
+            "temperature_min",
+            f"need 0 < temperature_min <= temperature_max, got "
+            f"[{self.temperature_min}, {self.temperature_max}]",
+        )
+        _require(
+            self.temperature_min <= self.initial <= self.temperature_max,
+            c,
+            "initial",
+            f"{self.initial} lies outside [temperature_min={self.temperature_min}, "
+            f"temperature_max={self.temperature_max}]",
+        )
+        _require(
+            isinstance(self.init_steps, int) and self.init_steps >= 1,
+            c,
+            "init_steps",
+            f"must be an int >= 1, got {self.init_steps!r}",
+        )
+        _require(0.0 <= self.eta < 1.0, c, "eta", f"must be in [0, 1), got {self.eta}")
+        _require(
+            0.0 <= self.anneal_start_frac < 1.0,
+            c,
+            "anneal_start_frac",
+            f"must be in [0, 1), got {self.anneal_start_frac}",
+        )
+        if self.mode == "e3":
+            v = self.vocab_size
+            _require(
+                isinstance(v, int) and v >= 2,
+                c,
+                "vocab_size",
+                f"mode 'e3' needs the vocabulary size (an int >= 2), got {v!r}",
+            )
+        if self.anneal:
+            _require(self.mode == "e3", c, "anneal", "annealing needs mode 'e3'")
+            t = self.total_steps
+            _require(
+                isinstance(t, int) and t >= 1,
+                c,
+                "total_steps",
+                f"anneal=True needs the run's total step count (int >= 1), got {t!r}",
+            )
+            _require(
+                self.anneal_start_step < t,
+                c,
+                "anneal_start_frac",
+                f"t_anneal={self.anneal_start_step} must be < total_steps={t}",
+            )
+
+    @property
+    def anneal_start_step(self) -> int:
+        """t_anneal = ⌊anneal_start_frac · t_max⌋ (guarded against 0.6·10 = 5.999… rounding)."""
+        return int(math.floor(self.anneal_start_frac * (self.total_steps or 0) + 1e-9))
