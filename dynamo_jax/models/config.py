@@ -1,0 +1,210 @@
+"""The model's shape and numerics, as one frozen, validated dataclass.
+
+One decoder covers Qwen2/Qwen2.5 and Qwen3; the family only sets defaults for the two switches
+that differ between them (`qkv_bias`, `qk_norm`), so the model code never branches on a family
+name. `from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+FAMILIES = ("qwen2", "qwen3")
+DTYPES = ("float32", "bfloat16")
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "everything_saveable",
+)
+
+# Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse.
+_FAMILY_DEFAULTS = {
+    "qwen2": dict(qkv_bias=True, qk_norm=False),
+    "qwen3": dict(qkv_bias=False, qk_norm=True),
+}
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Qwen2/Qwen3 decoder.
+
+    `head_dim` defaults to hidden_size // num_heads (Qwen2); Qwen3 sets it explicitly and it may
+    differ. `qkv_bias` / `qk_norm` default from `family`. `dtype` is the compute dtype, params are
+    stored in `param_dtype`.
+    """
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool | None = None
+    qk_norm: bool | None = None
+    max_position_embeddings: int = 32768
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    scan_layers: bool = True
+    remat_policy: str = "none"
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
+        for name, default in _FAMILY_DEFAULTS[self.family].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"ModelConfig.head_dim is unset and hidden_size {self.hidden_size} is not "
+                    f"divisible by num_heads {self.num_heads}"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"ModelConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.param_dtype not in DTYPES:
+            raise ValueError(
+                f"ModelConfig.param_dtype must be one of {DTYPES}, got {self.param_dtype!r}"
+            )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
+            )
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count from shapes alone (no allocation); tied embeddings count once."""
+        d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
+        attn = d * q + 2 * d * kv + q * d
+        if self.qkv_bias:
+            attn += q + 2 * kv
+        if self.qk_norm:
+            attn += 2 * hd
+        layer = attn + 3 * d * f + 2 * d
+        embed = self.vocab_size * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return embed + self.num_layers * layer + d + head
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+        """Build from a Hugging Face `config.json` dict (transformers 4.x or 5.x spelling).
+
+        `overrides` set the fields HF does not describe (dtype, scan_layers, remat_policy, ...).
+        """
+        model_type = hf.get("model_type")
+        if model_type not in FAMILIES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r} in config.json; supported: {FAMILIES}"
+            )
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
+            if key not in hf:
+                raise ValueError(f"config.json (model_type {model_type}) is missing {key!r}")
+        if hf.get("use_sliding_window", False):
+            raise ValueError("config.json sets use_sliding_window=true, which is not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json hidden_act {hf['hidden_act']!r} unsupported (need silu)")
+        rope_theta = _rope_theta(hf)
+        num_heads = hf["num_attention_heads"]
+        fields: dict[str, Any] = dict(
+            family=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim"),
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        )
+        if model_type == "qwen3":
+            fields["qkv_bias"] = bool(hf.get("attention_bias", False))
+        fields.update(overrides)
+        return cls(**fields)
+
+    def to_hf_config(self, *, dtype: str | None = None) -> dict[str, Any]:
+        """A `config.json` dict that transformers' AutoConfig reads back into this shape."""
+        if self.family == "qwen2" and not self.qkv_bias:
+            raise ValueError(
+                "Qwen2 checkpoints always carry q/k/v biases; qkv_bias=False cannot be exported"
+            )
+        if self.qk_norm != (self.family == "qwen3"):
+            raise ValueError(
+                f"qk_norm={self.qk_norm} cannot be expressed as a {self.family} checkpoint"
+            )
+        hf: dict[str, Any] = {
+            "architectures": [_ARCHITECTURES[self.family]],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            # Both spellings: transformers 5 reads rope_parameters, older readers rope_theta.
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "use_sliding_window": False,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "dtype": dtype or self.param_dtype,
+        }
+        if self.family == "qwen3":
+            hf["attention_bias"] = bool(self.qkv_bias)
+        return hf
+
+
+def _rope_theta(hf: dict[str, Any]) -> float:
+    """RoPE base from `rope_parameters` (transformers 5) or `rope_theta` (older files)."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"config.json rope_type {rope_type!r} is unsupported (only 'default')")
+    if "rope_theta" in params:
+        return params["rope_theta"]
+    return hf.get("rope_theta", 10000.0)

@@ -1,0 +1,375 @@
+"""Qwen2/Qwen2.5 and Qwen3 decoder in Flax linen.
+
+Shape letters: B batch, L query length, S key length (cache slots), D hidden, V vocab,
+H query heads, K kv heads, G = H // K query heads per kv head, E head_dim, F mlp width,
+N layers.
+
+Parameters (scan_layers=True stacks every layer's leaves along a leading `layers` axis under
+"layers"; unrolled layers are "layers_0", "layers_1", ...):
+    embed/embedding            [V, D]     (vocab, embed)
+    layers/attn/q_proj/kernel  [D, H, E]  (embed, heads, head_dim)    + bias [H, E] if qkv_bias
+    layers/attn/k_proj/kernel  [D, K, E]  (embed, kv_heads, head_dim) + bias [K, E] if qkv_bias
+    layers/attn/v_proj/kernel  [D, K, E]
+    layers/attn/o_proj/kernel  [H, E, D]  (heads, head_dim, embed)
+    layers/attn/q_norm/scale   [E]        (head_dim)   if qk_norm (Qwen3)
+    layers/attn/k_norm/scale   [E]
+    layers/mlp/{gate,up}_proj/kernel [D, F] (embed, mlp); layers/mlp/down_proj/kernel [F, D]
+    layers/input_norm/scale, layers/post_attn_norm/scale [D]; final_norm/scale [D]
+    lm_head/kernel             [D, V]     (embed, vocab)  only when embeddings are untied
+
+One attention routine serves training (keys = the sequence itself) and decoding (keys = the KV
+cache): a query at slot q may see a key at slot s iff the key is a real token and s <= q. Slots,
+not positions, decide causality, so left and right padding both work; RoPE uses the explicit
+positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dynamo_jax.models.config import ModelConfig
+
+Array = jax.Array
+# (k_BxSxKxE, v_BxSxKxE) of one layer, or None when running without a cache.
+LayerKV = tuple[Array, Array] | None
+
+_INIT_STD = 0.02  # HF initializer_range for Qwen
+# A finite "minus infinity": a fully masked row (a padding query) softmaxes to a uniform row
+# instead of NaN, and NaNs never leak into gradients through `where`.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def _dtype(name: str) -> jnp.dtype:
+    return jnp.dtype(name)
+
+
+def _param(module: nn.Module, name: str, init, shape, axes, dtype) -> Array:
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as in HF Qwen: statistics in float32, then scale, then back to compute dtype."""
+
+    eps: float
+    axis_name: str
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = _param(
+            self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,), self.param_dtype
+        )
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (scale.astype(jnp.float32) * x32).astype(self.dtype)
+
+
+def rope(x_BxLxHxE: Array, positions_BxL: Array, theta: float) -> Array:
+    """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim)."""
+    e = x_BxLxHxE.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+    angles_BxLxE2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
+    cos = jnp.cos(angles_BxLxE2)[:, :, None, :]
+    sin = jnp.sin(angles_BxLxE2)[:, :, None, :]
+    x = x_BxLxHxE.astype(jnp.float32)
+    x1, x2 = x[..., : e // 2], x[..., e // 2 :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxLxHxE.dtype)
+
+
+def attend(
+    q_BxLxHxE: Array,
+    k_BxSxKxE: Array,
+    v_BxSxKxE: Array,
+    q_slot_L: Array,
+    kv_valid_BxS: Array,
+) -> Array:
+    """Grouped-query attention; query at slot q sees real keys at slots s <= q.
+
+    Scores and softmax run in float32; the value product in the compute dtype.
+    """
+    b, length, h, e = q_BxLxHxE.shape
+    kv_heads = k_BxSxKxE.shape[2]
+    q_BxLxKxGxE = q_BxLxHxE.reshape(b, length, kv_heads, h // kv_heads, e)
+    scores = jnp.einsum(
+        "blkge,bske->bkgls", q_BxLxKxGxE, k_BxSxKxE, preferred_element_type=jnp.float32
+    )
+    scores = scores * (e**-0.5)
+    s_idx = jnp.arange(k_BxSxKxE.shape[1])
+    allowed_BxLxS = (s_idx[None, None, :] <= q_slot_L[None, :, None]) & (
+        kv_valid_BxS[:, None, :] > 0
+    )
+    scores = jnp.where(allowed_BxLxS[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxE.dtype)
+    out = jnp.einsum("bkgls,bske->blkge", probs, v_BxSxKxE)
+    return out.reshape(b, length, h, e)
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BxLxD: Array,
+        positions_BxL: Array,
+        q_slot_L: Array,
+        kv_valid_BxS: Array,
+        cache_index: Array | None,
+        layer_kv: LayerKV,
+    ) -> tuple[Array, LayerKV]:
+        cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
+        q = _Proj(cfg, cfg.num_heads, "heads", name="q_proj")(x_BxLxD)
+        k = _Proj(cfg, cfg.num_kv_heads, "kv_heads", name="k_proj")(x_BxLxD)
+        v = _Proj(cfg, cfg.num_kv_heads, "kv_heads", name="v_proj")(x_BxLxD)
+        if cfg.qk_norm:
+            q = RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="k_norm")(k)
+        q = rope(q, positions_BxL, cfg.rope_theta)
+        k = rope(k, positions_BxL, cfg.rope_theta)
+        q = nn.with_logical_constraint(q, ("act_batch", "act_len", "act_heads", None))
+        if layer_kv is not None:
+            # Write this chunk's keys/values into the cache, then attend over the whole cache.
+            k_cache, v_cache = layer_kv
+            start = (0, cache_index, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+            layer_kv = (k_cache, v_cache)
+            k, v = k_cache.astype(dt), v_cache.astype(dt)
+        out = attend(q, k, v, q_slot_L, kv_valid_BxS)
+        o_kernel = _Kernel(
+            (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
+            ("heads", "head_dim", "embed"),
+            pdt,
+            name="o_proj",
+        )()
+        y = jnp.einsum("blhe,hed->bld", out, o_kernel.astype(dt))
+        return y, layer_kv
+
+
+class _Proj(nn.Module):
+    """x @ kernel[D, heads, E] (+ bias[heads, E]): a q/k/v projection kept per head."""
+
+    cfg: ModelConfig
+    heads: int
+    heads_axis: str
+
+    @nn.compact
+    def __call__(self, x_BxLxD: Array) -> Array:
+        cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
+        shape = (cfg.hidden_size, self.heads, cfg.head_dim)
+        axes = ("embed", self.heads_axis, "head_dim")
+        kernel = _param(self, "kernel", nn.initializers.normal(_INIT_STD), shape, axes, pdt)
+        y = jnp.einsum("bld,dhe->blhe", x_BxLxD, kernel.astype(dt))
+        if cfg.qkv_bias:
+            bias = _param(self, "bias", nn.initializers.zeros, shape[1:], axes[1:], pdt)
+            y = y + bias.astype(dt)
+        return y
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxD: Array) -> Array:
+        cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        gate = _Kernel((d, f), ("embed", "mlp"), pdt, name="gate_proj")()
+        up = _Kernel((d, f), ("embed", "mlp"), pdt, name="up_proj")()
+        down = _Kernel((f, d), ("mlp", "embed"), pdt, name="down_proj")()
+        h = jax.nn.silu(x_BxLxD @ gate.astype(dt)) * (x_BxLxD @ up.astype(dt))
+        h = nn.with_logical_constraint(h, ("act_batch", "act_len", "act_mlp"))
+        return h @ down.astype(dt)
+
+
+class _Kernel(nn.Module):
+    """A bare weight matrix at <name>/kernel, so parameter paths mirror HF module names."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self) -> Array:
+        init = nn.initializers.normal(_INIT_STD)
+        return _param(self, "kernel", init, self.shape, self.axes, self.param_dtype)
+
+
+class DecoderLayer(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BxLxD: Array,
+        positions_BxL: Array,
+        q_slot_L: Array,
+        kv_valid_BxS: Array,
+        cache_index: Array | None,
+        layer_kv: LayerKV,
+    ) -> tuple[Array, LayerKV]:
+        cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
+        x = nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_len", "act_embed"))
+        h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="input_norm")(x)
+        h, layer_kv = Attention(cfg, name="attn")(
+            h, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, layer_kv
+        )
+        x = x + h
+        h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="post_attn_norm")(x)
+        x = x + MLP(cfg, name="mlp")(h)
+        return x, layer_kv
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer in the backward pass
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+}
+
+
+def _layer_class(cfg: ModelConfig):
+    if cfg.remat_policy == "none":
+        return DecoderLayer
+    return nn.remat(
+        DecoderLayer, policy=_REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
+    )
+
+
+class Transformer(nn.Module):
+    """The decoder. `__call__` gives float32 logits; `hidden` the final-norm output."""
+
+    cfg: ModelConfig
+
+    def setup(self):
+        cfg = self.cfg
+        self.embed = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=_dtype(cfg.dtype),
+            param_dtype=_dtype(cfg.param_dtype),
+            embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(_INIT_STD), ("vocab", "embed")
+            ),
+        )
+        if cfg.scan_layers:
+            # DecoderLayer already has scan's (carry, *xs) -> (carry, ys) signature.
+            self.layers = nn.scan(
+                _layer_class(cfg),
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )(cfg)
+        else:
+            self.layer_list = [
+                _layer_class(cfg)(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)
+            ]
+        dt, pdt = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
+        self.final_norm = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _Kernel((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt)
+
+    def _run(self, tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv):
+        """Embed, run all layers (optionally against a stacked cache), final norm."""
+        x = self.embed(tokens_BxL.astype(jnp.int32))
+        x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
+        if self.cfg.scan_layers:
+            x, kv = self.layers(x, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv)
+        else:
+            new_kv = []
+            for i, layer in enumerate(self.layer_list):
+                layer_kv = None if kv is None else (kv[0][i], kv[1][i])
+                x, layer_kv = layer(x, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, layer_kv)
+                new_kv.append(layer_kv)
+            if kv is not None:
+                kv = (jnp.stack([a for a, _ in new_kv]), jnp.stack([b for _, b in new_kv]))
+        return self.final_norm(x), kv
+
+    def hidden(self, tokens_BxL: Array, positions_BxL: Array, mask_BxL: Array) -> Array:
+        """Final-norm hidden states [B, L, D] in the compute dtype (no unembedding)."""
+        q_slot_L = jnp.arange(tokens_BxL.shape[1])
+        h, _ = self._run(tokens_BxL, positions_BxL, q_slot_L, mask_BxL, None, None)
+        return h
+
+    def logits(self, hidden_BxLxD: Array) -> Array:
+        """float32 logits from hidden states, with the (tied or separate) unembedding."""
+        if self.cfg.tie_word_embeddings:
+            w_DxV = self.embed.embedding.T
+        else:
+            w_DxV = self.lm_head()
+        logits = jnp.einsum(
+            "bld,dv->blv",
+            hidden_BxLxD,
+            w_DxV.astype(hidden_BxLxD.dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
+
+    def __call__(self, tokens_BxL: Array, positions_BxL: Array, mask_BxL: Array) -> Array:
+        return self.logits(self.hidden(tokens_BxL, positions_BxL, mask_BxL))
+
+    def extend(self, tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv):
+        """Run L new tokens against a stacked KV cache (k, v each [N, B, S, K, E]).
+
+        Returns (float32 logits of the last of the L tokens [B, V], updated (k, v)).
+        """
+        h, kv = self._run(tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv)
+        return self.logits(h[:, -1:])[:, 0], kv
+
+
+def _init_boxed(cfg: ModelConfig, rng: Array):
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
+
+
+def init_params(cfg: ModelConfig, rng: Array, *, shardings: Any = None) -> Any:
+    """Random parameters (plain arrays). With `shardings` (a pytree of NamedSharding matching
+    the params), each leaf is created directly in its sharded layout."""
+    fn = lambda r: nn.meta.unbox(_init_boxed(cfg, r))
+    if shardings is None:
+        return jax.jit(fn)(rng)
+    return jax.jit(fn, out_shardings=shardings)(rng)
+
+
+def param_logical_axes(cfg: ModelConfig) -> Any:
+    """PartitionSpecs of logical axis names for every parameter, without allocating anything."""
+    boxed = jax.eval_shape(lambda r: _init_boxed(cfg, r), jax.random.key(0))
+    return nn.get_partition_spec(boxed)
+
+
+def param_shapes(cfg: ModelConfig) -> Any:
+    """jax.ShapeDtypeStruct for every parameter, without allocating anything."""
+    return jax.eval_shape(lambda r: nn.meta.unbox(_init_boxed(cfg, r)), jax.random.key(0))
+
+
+def unembedding(params: Any, cfg: ModelConfig) -> Array:
+    """The [D, V] output projection: the embedding transposed when tied, else lm_head."""
+    if cfg.tie_word_embeddings:
+        return params["embed"]["embedding"].T
+    return params["lm_head"]["kernel"]
+
+
+def forward(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, mask_BxL) -> Array:
+    """float32 logits [B, L, V]: a functional shorthand for Transformer(cfg).apply."""
+    return Transformer(cfg).apply({"params": params}, tokens_BxL, positions_BxL, mask_BxL)
+
+
+def hidden(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, mask_BxL) -> Array:
+    """Final-norm hidden states [B, L, D] (compute dtype)."""
+    return Transformer(cfg).apply(
+        {"params": params}, tokens_BxL, positions_BxL, mask_BxL, method=Transformer.hidden
+    )
+
+
+def positions_from_mask(mask_BxL: Array) -> Array:
+    """Positions counting only real tokens, so every row starts at 0 whatever its padding."""
+    return jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=1) - 1, 0)
