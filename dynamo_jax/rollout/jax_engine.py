@@ -1,0 +1,424 @@
+"""The embedded rollout engine: batched prefill + jitted KV-cache decode + on-device sampling.
+
+One `generate` call:
+1. expands the requests into rows (one per sample) in a canonical order and splits them into
+   batches of at most `max_batch` rows (`buckets.py`);
+2. per batch, left-pads the prompts to a power-of-two length bucket and runs one jitted
+   *prefill program* (empty cache, prompt forward, sample token 0);
+3. runs a jitted *decode program* — a `lax.while_loop` of decode steps that exits as soon as
+   every row has finished or a chunk of `decode_chunk` steps is done — from a host loop; between
+   chunks, when at most half the rows are still running, a jitted *compact program* gathers the
+   live rows (cache included) into the next smaller batch bucket, so finished sequences stop
+   costing compute;
+4. returns completions grouped by request in request order, then by sample index.
+
+Programs are keyed only by bucketed shapes and three sampling switches (greedy, top-k on, top-p
+on); temperature, top-k, top-p, max new tokens and stop ids are traced values. The number of
+compilations is therefore bounded and exposed as `num_compilations` (counted when a program is
+traced, which for `jax.jit` happens exactly when it compiles a new variant).
+
+Parameters are passed to every program as arguments, never captured, so the engine shares the
+trainer's arrays: `update_weights` swaps a reference. On a mesh the batch inputs are placed with
+the `act_batch` rule's sharding and XLA propagates the parameters' own shardings through the
+programs.
+
+Shape letters: B batch rows, P padded prompt length, G generation-length bucket, V vocabulary,
+S stop-id slots.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.models.decode import KVCache, decode_step, init_cache, prefill
+from dynamo_jax.rollout import buckets, sampling
+from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
+
+_CACHE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxEngineConfig:
+    """Bucketing and loop settings of the embedded engine.
+
+    min_batch / max_batch: smallest batch bucket and the most rows one program runs (larger
+    calls are split). min_prompt_len / min_new_tokens: floors of the prompt-length and
+    generation-length buckets. decode_chunk: decode steps per program call between host checks
+    (compaction opportunities). compact: gather live rows into a smaller bucket when at most half
+    are running. cache_dtype: KV-cache dtype, None = the model's compute dtype.
+    """
+
+    min_batch: int = 8
+    max_batch: int = 256
+    min_prompt_len: int = 16
+    min_new_tokens: int = 16
+    decode_chunk: int = 32
+    compact: bool = True
+    cache_dtype: str | None = None
+
+    def __post_init__(self):
+        for name in ("min_batch", "max_batch", "min_prompt_len", "min_new_tokens", "decode_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"JaxEngineConfig.{name} must be a positive int, got {value!r}")
+        if self.max_batch < self.min_batch:
+            raise ValueError(
+                f"JaxEngineConfig.max_batch ({self.max_batch}) must be >= min_batch ({self.min_batch})"
+            )
+        if self.cache_dtype is not None and self.cache_dtype not in _CACHE_DTYPES:
+            raise ValueError(
+                f"JaxEngineConfig.cache_dtype must be None or one of {_CACHE_DTYPES}, got {self.cache_dtype!r}"
+            )
+
+
+class _Knobs(NamedTuple):
+    """Traced sampling values: changing them never recompiles."""
+
+    temperature: jax.Array  # float32 scalar (ignored when greedy)
+    top_k: jax.Array  # int32 scalar
+    top_p: jax.Array  # float32 scalar
+    max_new: jax.Array  # int32 scalar
+    stop_ids_S: jax.Array  # int32 [S], padded with -1
+
+
+class _State(NamedTuple):
+    """Everything a batch carries between programs; batch is axis 0 except in the cache."""
+
+    cache: KVCache
+    keys_B: jax.Array  # per-row PRNG keys
+    last_B: jax.Array  # int32, the token to feed next
+    tokens_BxG: jax.Array  # int32 generated tokens
+    logprobs_BxG: jax.Array  # float32
+    length_B: jax.Array  # int32 tokens generated so far
+    done_B: jax.Array  # bool
+    stopped_B: jax.Array  # bool, finished by a stop token
+    step: jax.Array  # int32 scalar, index of the next token to generate
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mode:
+    """The static part of a program (hashable)."""
+
+    cfg: ModelConfig
+    greedy: bool
+    use_top_k: bool
+    use_top_p: bool
+
+
+def _emit(state: _State, logits_BxV: jax.Array, knobs: _Knobs, mode: _Mode) -> _State:
+    """Sample token `state.step` for every running row and record it."""
+    keys = sampling.step_keys(state.keys_B, state.step)
+    tok_B, logp_B = sampling.sample_tokens(
+        logits_BxV,
+        keys,
+        knobs.temperature,
+        knobs.top_k,
+        knobs.top_p,
+        greedy=mode.greedy,
+        use_top_k=mode.use_top_k,
+        use_top_p=mode.use_top_p,
+    )
+    running_B = ~state.done_B
+    col = state.step
+    tokens = state.tokens_BxG.at[:, col].set(jnp.where(running_B, tok_B, 0))
+    logprobs = state.logprobs_BxG.at[:, col].set(jnp.where(running_B, logp_B, 0.0))
+    hit_stop_B = running_B & jnp.any(tok_B[:, None] == knobs.stop_ids_S[None, :], axis=-1)
+    length_B = state.length_B + running_B.astype(jnp.int32)
+    done_B = state.done_B | hit_stop_B | (col + 1 >= knobs.max_new)
+    return state._replace(
+        last_B=jnp.where(running_B, tok_B, state.last_B),
+        tokens_BxG=tokens,
+        logprobs_BxG=logprobs,
+        length_B=length_B,
+        done_B=done_B,
+        stopped_B=state.stopped_B | hit_stop_B,
+        step=state.step + 1,
+    )
+
+
+def _prefill_program(
+    params, tokens_BxP, mask_BxP, real_B, keys_B, knobs, *, mode, gen_len, cache_dtype
+):
+    """Empty cache → prompt forward → token 0. Filler rows (real_B false) start finished."""
+    batch, prompt_len = tokens_BxP.shape
+    cache = init_cache(mode.cfg, batch, prompt_len + gen_len, cache_dtype)
+    logits_BxV, cache = prefill(params, mode.cfg, tokens_BxP, mask_BxP, cache)
+    state = _State(
+        cache=cache,
+        keys_B=keys_B,
+        last_B=jnp.zeros((batch,), jnp.int32),
+        tokens_BxG=jnp.zeros((batch, gen_len), jnp.int32),
+        logprobs_BxG=jnp.zeros((batch, gen_len), jnp.float32),
+        length_B=jnp.zeros((batch,), jnp.int32),
+        done_B=~real_B,
+        stopped_B=jnp.zeros((batch,), bool),
+        step=jnp.zeros((), jnp.int32),
+    )
+    return _emit(state, logits_BxV, knobs, mode)
+
+
+def _decode_program(params, state, knobs, until, *, mode):
+    """Decode steps until step == until or every row is done (early exit)."""
+
+    def cond(s: _State):
+        return (s.step < until) & ~jnp.all(s.done_B)
+
+    def body(s: _State):
+        logits_BxV, cache = decode_step(params, mode.cfg, s.last_B, s.cache)
+        return _emit(s._replace(cache=cache), logits_BxV, knobs, mode)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def _compact_program(state: _State, rows_b: jax.Array) -> _State:
+    """Keep rows `rows_b` (a smaller batch); the cache's batch axis is 1 in k/v, 0 elsewhere."""
+    take0 = lambda x: jnp.take(x, rows_b, axis=0)
+    cache = state.cache._replace(
+        k=jnp.take(state.cache.k, rows_b, axis=1),
+        v=jnp.take(state.cache.v, rows_b, axis=1),
+        valid_BxS=take0(state.cache.valid_BxS),
+        next_pos_B=take0(state.cache.next_pos_B),
+    )
+    fields = {f: take0(getattr(state, f)) for f in _State._fields if f not in ("cache", "step")}
+    return state._replace(cache=cache, **fields)
+
+
+def _counted(counter: collections.Counter, name: str, fn):
+    """Wrap `fn` so that each trace (= each new compiled variant under jit) is counted."""
+
+    def wrapper(*args, **kwargs):
+        counter[name] += 1
+        return fn(*args, **kwargs)
+
+    wrapper.__wrapped__ = fn  # lets jit read the real signature for static_argnames
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+class JaxEngine:
+    """`RolloutEngine` running the in-process JAX model (see module docstring).
+
+    Args:
+      model_cfg: the model's `ModelConfig`.
+      params: the parameter tree (the trainer's own arrays; not copied).
+      config: bucketing / loop settings.
+      mesh, rules: when given, batches are sharded over the `act_batch` rule's mesh axes and the
+        batch buckets are rounded to a multiple of that axis size. `rules` defaults to the
+        sharding package's DEFAULT_RULES.
+      param_shardings: when given, `update_weights` places parameters there (`device_put` is a
+        no-op for arrays already laid out that way, so the trainer's params are still shared).
+      weight_version: version tag of `params`.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        params: Any,
+        config: JaxEngineConfig = JaxEngineConfig(),
+        *,
+        mesh: Mesh | None = None,
+        rules: Any = None,
+        param_shardings: Any = None,
+        weight_version: int = 0,
+    ):
+        self._model_cfg = model_cfg
+        self._config = config
+        self._mesh = mesh
+        self._param_shardings = param_shardings
+        self._batch_sharding = None
+        self._batch_multiple = 1
+        if mesh is not None:
+            from dynamo_jax.sharding import rules as sharding_rules
+            from dynamo_jax.sharding.mesh import axis_size
+
+            self._rules = sharding_rules.DEFAULT_RULES if rules is None else rules
+            self._batch_multiple = axis_size(
+                mesh, sharding_rules.rule_axes(self._rules, "act_batch")
+            )
+            self._batch_sharding = lambda b, ndim: sharding_rules.batch_sharding(
+                mesh, self._rules, b, ndim
+            )
+        cache_dtype = config.cache_dtype or model_cfg.dtype
+        self._cache_dtype = jnp.dtype(cache_dtype)
+        self._compilations: collections.Counter = collections.Counter()
+        self._prefill = jax.jit(
+            _counted(self._compilations, "prefill", _prefill_program),
+            static_argnames=("mode", "gen_len", "cache_dtype"),
+        )
+        self._decode = jax.jit(
+            _counted(self._compilations, "decode", _decode_program),
+            static_argnames=("mode",),
+            donate_argnames=("state",),
+        )
+        self._compact = jax.jit(
+            _counted(self._compilations, "compact", _compact_program), donate_argnames=("state",)
+        )
+        self._params = None
+        self._version = 0
+        self._closed = False
+        self.update_weights(params, weight_version)
+
+    # -- protocol ---------------------------------------------------------------------------
+    def update_weights(self, params: Any, version: int) -> None:
+        self._check_open()
+        if self._param_shardings is not None:
+            params = jax.device_put(params, self._param_shardings)
+        self._params = params
+        self._version = int(version)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def close(self) -> None:
+        self._params = None
+        self._closed = True
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Completion]:
+        """Completions grouped by request in request order, then by sample index."""
+        return self._generate(requests, sampling)
+
+    def _generate(self, requests: Sequence[Request], sp: SamplingParams) -> list[Completion]:
+        self._check_open()
+        rows = buckets.expand_requests(requests, self._model_cfg.vocab_size)
+        if not rows:
+            return []
+        longest = max(len(r.prompt) for r in rows)
+        if longest + sp.max_new_tokens > self._model_cfg.max_position_embeddings:
+            raise ValueError(
+                f"longest prompt ({longest} tokens) + SamplingParams.max_new_tokens "
+                f"({sp.max_new_tokens}) exceeds the model's max_position_embeddings "
+                f"({self._model_cfg.max_position_embeddings})"
+            )
+        mode = _Mode(self._model_cfg, sp.greedy, sp.top_k != -1, sp.top_p < 1.0)
+        knobs = _make_knobs(sp)
+        gen_len = buckets.pow2_bucket(sp.max_new_tokens, self._config.min_new_tokens)
+        version, results = self._version, {}
+        for group in buckets.split_rows(rows, self._config.max_batch):
+            results.update(self._run_batch(group, mode, knobs, gen_len, sp))
+        out = []
+        for req in requests:
+            for j in range(req.n):
+                tokens, logprobs, stopped = results[(req.prompt_id, j)]
+                out.append(
+                    Completion(
+                        prompt_id=req.prompt_id,
+                        sample_index=j,
+                        token_ids=tokens,
+                        logprobs=logprobs,
+                        finish_reason="stop" if stopped else "length",
+                        weight_version=version,
+                    )
+                )
+        return out
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def num_compilations(self) -> int:
+        """Programs compiled so far (all kinds); bounded by the buckets, not by the calls."""
+        return sum(self._compilations.values())
+
+    @property
+    def compilations(self) -> dict[str, int]:
+        """Compiled programs by kind: prefill, decode, compact."""
+        return dict(self._compilations)
+
+    # -- internals --------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("JaxEngine is closed")
+
+    def _place(self, x: Any) -> Any:
+        if self._batch_sharding is None:
+            return jnp.asarray(x) if isinstance(x, np.ndarray) else x
+        return jax.device_put(x, self._batch_sharding(x.shape[0], x.ndim))
+
+    def _run_batch(self, group, mode: _Mode, knobs: _Knobs, gen_len: int, sp: SamplingParams):
+        """Prefill + chunked decode (+ compaction) of one batch; {(pid, j): result}."""
+        cfg = self._config
+        batch = buckets.pow2_bucket(len(group), cfg.min_batch, self._batch_multiple)
+        prompt_len = buckets.pow2_bucket(max(len(r.prompt) for r in group), cfg.min_prompt_len)
+        tokens_BxP, mask_BxP = buckets.left_pad([r.prompt for r in group], batch, prompt_len)
+        pad = batch - len(group)
+        pids = np.array([r.prompt_id for r in group] + [0] * pad, np.int64)
+        sidx = np.array([r.sample_index for r in group] + [0] * pad, np.int64)
+        keys_B = self._place(sampling.row_keys(sp.seed, pids, sidx))
+        real_B = np.arange(batch) < len(group)
+        state = self._prefill(
+            self._params,
+            self._place(tokens_BxP),
+            self._place(mask_BxP),
+            self._place(real_B),
+            keys_B,
+            knobs,
+            mode=mode,
+            gen_len=gen_len,
+            cache_dtype=self._cache_dtype,
+        )
+        slots = list(group) + [None] * pad  # batch position -> row (None = filler)
+        results = {}
+        while True:
+            done_B = np.asarray(state.done_B)
+            if done_B.all():
+                break
+            if cfg.compact:
+                state, slots = self._maybe_compact(state, slots, done_B, results)
+            until = jnp.int32(min(int(state.step) + cfg.decode_chunk, sp.max_new_tokens))
+            state = self._decode(self._params, state, knobs, until, mode=mode)
+        _harvest(state, slots, range(len(slots)), results)
+        return results
+
+    def _maybe_compact(self, state: _State, slots, done_B: np.ndarray, results):
+        """Gather the running rows into a smaller batch bucket if that halves the batch or more."""
+        live = np.flatnonzero(~done_B)
+        new_batch = buckets.pow2_bucket(len(live), self._config.min_batch, self._batch_multiple)
+        if new_batch >= len(slots):
+            return state, slots
+        finished = np.flatnonzero(done_B)
+        _harvest(state, slots, finished, results)
+        # Fillers copy a finished row, so they stay finished and cost nothing but their slot.
+        rows_b = np.concatenate([live, np.full(new_batch - len(live), finished[0])]).astype(
+            np.int32
+        )
+        state = self._compact(state, jnp.asarray(rows_b))
+        slots = [slots[i] for i in live] + [None] * (new_batch - len(live))
+        return state, slots
+
+
+def _make_knobs(sp: SamplingParams) -> _Knobs:
+    n_stop = buckets.pow2_bucket(max(len(sp.stop_token_ids), 1), 4)
+    stop = np.full((n_stop,), -1, np.int32)
+    stop[: len(sp.stop_token_ids)] = sp.stop_token_ids
+    return _Knobs(
+        temperature=jnp.float32(sp.temperature if sp.temperature > 0 else 1.0),
+        top_k=jnp.int32(sp.top_k),
+        top_p=jnp.float32(sp.top_p),
+        max_new=jnp.int32(sp.max_new_tokens),
+        stop_ids_S=jnp.asarray(stop),
+    )
+
+
+def _harvest(state: _State, slots, positions, results) -> None:
+    """Copy finished rows' outputs to host numpy, keyed by (prompt_id, sample_index)."""
+    positions = [p for p in positions if slots[p] is not None]
+    if not positions:
+        return
+    tokens, logprobs, length, stopped = jax.device_get(
+        (state.tokens_BxG, state.logprobs_BxG, state.length_B, state.stopped_B)
+    )
+    for p in positions:
+        row, n = slots[p], int(length[p])
+        results[(row.prompt_id, row.sample_index)] = (
+            np.array(tokens[p, :n], np.int32),
+            np.array(logprobs[p, :n], np.float32),
+            bool(stopped[p]),
+        )
