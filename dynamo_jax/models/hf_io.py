@@ -1,0 +1,354 @@
+"""Hugging Face checkpoint import/export for the Qwen decoder.
+
+`hf_param_table(cfg)` is the ONE mapping between HF tensor names and the Flax parameter tree
+(path, layer index for stacked layers, and how the matrix is laid out). Import, export and the
+weight push to the rollout sidecar (`to_hf_tensors` / `iter_hf_tensors`) all use it.
+
+Layouts ("kind"): HF Linear weights are [out, in]; ours are [in, ...out] split per head:
+    copy        same array                      (embedding, norms)
+    linear      W.T                             (mlp, lm_head)
+    heads_in    W.T.reshape(D, heads, E)        (q/k/v_proj.weight)
+    heads_bias  b.reshape(heads, E)             (q/k/v_proj.bias)
+    heads_out   W.T.reshape(H, E, D)            (o_proj.weight)
+
+Import places every parameter directly with its target sharding (make_array_from_callback):
+the host holds one stacked parameter at a time, in the file's dtype, never a per-device copy.
+Export streams one tensor at a time into a single safetensors file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+
+from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.models.qwen import param_shapes
+
+_LAYER_ENTRIES = (
+    # (HF name inside model.layers.{i}., path inside one layer, kind, only_if)
+    ("self_attn.q_proj.weight", ("attn", "q_proj", "kernel"), "heads_in", None),
+    ("self_attn.k_proj.weight", ("attn", "k_proj", "kernel"), "heads_in", None),
+    ("self_attn.v_proj.weight", ("attn", "v_proj", "kernel"), "heads_in", None),
+    ("self_attn.q_proj.bias", ("attn", "q_proj", "bias"), "heads_bias", "qkv_bias"),
+    ("self_attn.k_proj.bias", ("attn", "k_proj", "bias"), "heads_bias", "qkv_bias"),
+    ("self_attn.v_proj.bias", ("attn", "v_proj", "bias"), "heads_bias", "qkv_bias"),
+    ("self_attn.o_proj.weight", ("attn", "o_proj", "kernel"), "heads_out", None),
+    ("self_attn.q_norm.weight", ("attn", "q_norm", "scale"), "copy", "qk_norm"),
+    ("self_attn.k_norm.weight", ("attn", "k_norm", "scale"), "copy", "qk_norm"),
+    ("mlp.gate_proj.weight", ("mlp", "gate_proj", "kernel"), "linear", None),
+    ("mlp.up_proj.weight", ("mlp", "up_proj", "kernel"), "linear", None),
+    ("mlp.down_proj.weight", ("mlp", "down_proj", "kernel"), "linear", None),
+    ("input_layernorm.weight", ("input_norm", "scale"), "copy", None),
+    ("post_attention_layernorm.weight", ("post_attn_norm", "scale"), "copy", None),
+)
+_TOP_ENTRIES = (
+    ("model.embed_tokens.weight", ("embed", "embedding"), "copy", None),
+    ("model.norm.weight", ("final_norm", "scale"), "copy", None),
+    ("lm_head.weight", ("lm_head", "kernel"), "linear", "untied"),
+)
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HFTensor:
+    """One HF tensor ↔ one parameter (or one layer of a stacked parameter)."""
+
+    hf_name: str
+    path: tuple[str, ...]  # path in the Flax params tree
+    layer: int | None  # index along the stacked `layers` axis, None if not stacked
+    kind: str
+    shape: tuple[int, ...]  # the Flax shape of this (per-layer) piece
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        s = self.shape
+        if self.kind == "linear":
+            return s[::-1]
+        if self.kind == "heads_in":
+            return (s[1] * s[2], s[0])
+        if self.kind == "heads_bias":
+            return (s[0] * s[1],)
+        if self.kind == "heads_out":
+            return (s[2], s[0] * s[1])
+        return s
+
+    def to_flax(self, w: np.ndarray) -> np.ndarray:
+        if self.kind in ("linear", "heads_in", "heads_out"):
+            w = w.T
+        return w.reshape(self.shape)
+
+    def to_hf(self, p: np.ndarray) -> np.ndarray:
+        if self.kind == "heads_in":
+            p = p.reshape(p.shape[0], -1)
+        elif self.kind == "heads_out":
+            p = p.reshape(-1, p.shape[-1])
+        elif self.kind == "heads_bias":
+            p = p.reshape(-1)
+        if self.kind in ("linear", "heads_in", "heads_out"):
+            p = p.T
+        return np.ascontiguousarray(p)
+
+
+def hf_param_table(cfg: ModelConfig) -> list[HFTensor]:
+    """Every HF tensor of a `cfg`-shaped checkpoint with its place in the Flax tree."""
+    shapes = param_shapes(cfg)
+    flags = {
+        "qkv_bias": cfg.qkv_bias,
+        "qk_norm": cfg.qk_norm,
+        "untied": not cfg.tie_word_embeddings,
+    }
+    table = []
+    for hf_name, path, kind, only_if in _TOP_ENTRIES:
+        if only_if is None or flags[only_if]:
+            table.append(HFTensor(hf_name, path, None, kind, _leaf(shapes, path).shape))
+    for i in range(cfg.num_layers):
+        for name, sub, kind, only_if in _LAYER_ENTRIES:
+            if only_if is not None and not flags[only_if]:
+                continue
+            hf_name = f"model.layers.{i}.{name}"
+            if cfg.scan_layers:
+                path = ("layers", *sub)
+                table.append(HFTensor(hf_name, path, i, kind, _leaf(shapes, path).shape[1:]))
+            else:
+                path = (f"layers_{i}", *sub)
+                table.append(HFTensor(hf_name, path, None, kind, _leaf(shapes, path).shape))
+    return table
+
+
+def _leaf(tree: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set_leaf(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def iter_hf_tensors(
+    params: Any, cfg: ModelConfig, *, dtype: str | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, host array) one tensor at a time, in HF layout; tied models have no lm_head.
+
+    `dtype` ("float32"/"bfloat16"/None = keep) casts on device before the transfer.
+    """
+    for entry in hf_param_table(cfg):
+        leaf = _leaf(params, entry.path)
+        piece = leaf if entry.layer is None else leaf[entry.layer]
+        if dtype is not None:
+            piece = jnp.asarray(piece).astype(jnp.dtype(dtype))
+        yield entry.hf_name, entry.to_hf(_to_host(piece))
+
+
+def to_hf_tensors(
+    params: Any, cfg: ModelConfig, *, dtype: str | None = None
+) -> dict[str, np.ndarray]:
+    """All HF-named tensors as host NumPy arrays, exactly HF names and shapes."""
+    return dict(iter_hf_tensors(params, cfg, dtype=dtype))
+
+
+def _to_host(x: Any) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def save_hf_checkpoint(
+    params: Any,
+    cfg: ModelConfig,
+    path: str | Path,
+    *,
+    tokenizer: Any = None,
+    dtype: str = "float32",
+) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer files) that transformers loads.
+
+    In a multi-process run every process must call this (gathering is collective); only
+    process 0 writes.
+    """
+    if dtype not in _ST_DTYPES:
+        raise ValueError(
+            f"save_hf_checkpoint dtype must be one of {sorted(_ST_DTYPES)}, got {dtype!r}"
+        )
+    path = Path(path)
+    table = hf_param_table(cfg)
+    write = jax.process_index() == 0
+    if write:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(cfg.to_hf_config(dtype=dtype), indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(path))
+    header, offset = {}, 0
+    itemsize = np.dtype(jnp.dtype(dtype)).itemsize
+    for e in table:
+        nbytes = int(np.prod(e.hf_shape)) * itemsize
+        header[e.hf_name] = {
+            "dtype": _ST_DTYPES[dtype],
+            "shape": list(e.hf_shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    tensors = iter_hf_tensors(params, cfg, dtype=dtype)
+    if not write:
+        for _ in tensors:  # still take part in any cross-process gathers
+            pass
+        return path
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # safetensors aligns the data section to 8 bytes
+    with open(path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name, arr in tensors:
+            assert tuple(arr.shape) == tuple(header[name]["shape"]), name
+            f.write(arr.tobytes())
+    return path
+
+
+# ----------------------------------------------------------------------------- import
+
+
+class _TensorSource:
+    """Tensor name → file for a single or index-sharded safetensors checkpoint."""
+
+    def __init__(self, path: Path):
+        index = path / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: path / fname for name, fname in weight_map.items()}
+        else:
+            files = sorted(path.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"{path}: no *.safetensors files")
+            self.files = {}
+            for file in files:
+                with safe_open(str(file), "np") as f:
+                    self.files.update({name: file for name in f.keys()})
+        self._handles: dict[Path, Any] = {}
+        self.path = path
+
+    def _handle(self, name: str):
+        file = self.files[name]
+        if file not in self._handles:
+            if not file.exists():
+                raise FileNotFoundError(f"{self.path}: {file.name} (holding {name}) is missing")
+            self._handles[file] = safe_open(str(file), "np")
+        return self._handles[file]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str) -> np.ndarray:
+        return self._handle(name).get_tensor(name)
+
+
+def _check_tensors(src: _TensorSource, table: list[HFTensor]) -> None:
+    for e in table:
+        if e.hf_name not in src.files:
+            raise ValueError(f"{src.path}: checkpoint is missing tensor {e.hf_name!r}")
+        got = src.shape(e.hf_name)
+        if got != e.hf_shape:
+            raise ValueError(
+                f"{src.path}: tensor {e.hf_name!r} has shape {got}, expected {e.hf_shape} for this config"
+            )
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a Hugging Face model directory)")
+    return json.loads(config_file.read_text())
+
+
+def load_hf_checkpoint(
+    path: str | Path,
+    *,
+    cfg: ModelConfig | None = None,
+    shardings: Any = None,
+    dtype: str | None = None,
+) -> tuple[ModelConfig, Any]:
+    """Read a local HF directory into (ModelConfig, params).
+
+    `cfg` overrides the config read from config.json (e.g. scan_layers, dtype; its shapes must
+    match the tensors). `shardings`: a pytree of NamedSharding shaped like the params; each
+    parameter is then created already sharded. `dtype`: the parameter dtype (default
+    cfg.param_dtype).
+    """
+    path = Path(path)
+    hf_cfg = read_hf_config(path)
+    if cfg is None:
+        cfg = ModelConfig.from_hf_config(hf_cfg)
+    elif hf_cfg.get("model_type") != cfg.family:
+        raise ValueError(
+            f"{path}: model_type {hf_cfg.get('model_type')!r} != cfg.family {cfg.family!r}"
+        )
+    target = jnp.dtype(dtype or cfg.param_dtype)
+    src = _TensorSource(path)
+    table = hf_param_table(cfg)
+    _check_tensors(src, table)
+    return cfg, _assemble(lambda e: src.get(e.hf_name), cfg, table, shardings, target)
+
+
+def from_hf_tensors(
+    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, *, dtype: str | None = None
+) -> Any:
+    """Params from an in-memory {HF name: array} dict (e.g. a torch state_dict as NumPy)."""
+    table = hf_param_table(cfg)
+    for e in table:
+        if e.hf_name not in tensors:
+            raise ValueError(f"missing tensor {e.hf_name!r}")
+        if tuple(tensors[e.hf_name].shape) != e.hf_shape:
+            raise ValueError(
+                f"tensor {e.hf_name!r} has shape {tuple(tensors[e.hf_name].shape)}, expected {e.hf_shape}"
+            )
+    target = jnp.dtype(dtype or cfg.param_dtype)
+    return _assemble(lambda e: np.asarray(tensors[e.hf_name]), cfg, table, None, target)
+
+
+def _assemble(read, cfg: ModelConfig, table: list[HFTensor], shardings: Any, target) -> Any:
+    """Build each parameter from its HF tensor(s) on the host, then place it on devices."""
+    by_path: dict[tuple[str, ...], list[HFTensor]] = {}
+    for e in table:
+        by_path.setdefault(e.path, []).append(e)
+    shapes = param_shapes(cfg)
+    params: dict = {}
+    for path, entries in by_path.items():
+        full_shape = _leaf(shapes, path).shape
+        host = None
+        for e in entries:
+            piece = e.to_flax(read(e))
+            if e.layer is None:
+                host = piece
+            else:
+                if host is None:
+                    host = np.empty(full_shape, piece.dtype)
+                host[e.layer] = piece
+        _set_leaf(
+            params,
+            path,
+            _place(host, target, None if shardings is None else _leaf(shardings, path)),
+        )
+    return params
+
+
+def _place(host: np.ndarray, target, sharding) -> jax.Array:
+    if sharding is None:
+        return jnp.asarray(host.astype(target))
+    # Each device's shard is cut from the host array and converted on its own.
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx].astype(target))
