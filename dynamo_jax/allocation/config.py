@@ -196,12 +196,6 @@ class TemperatureConfig:
                 "total_steps",
                 f"anneal=True needs the run's total step count (int >= 1), got {t!r}",
             )
-            _require(
-                self.anneal_start_step < t,
-                c,
-                "anneal_start_frac",
-                f"t_anneal={self.anneal_start_step} must be < total_steps={t}",
-            )
 
     @property
     def anneal_start_step(self) -> int:

@@ -14,6 +14,20 @@ import numpy as np
 
 Fill = Callable[[np.ndarray, int], np.ndarray]  # (positions, budget) -> n for those positions
 
+# ⌊x⌋ of a float share whose exact value is an integer can land one below it (e.g. 3·(1/3)/1
+# evaluates to 0.999…); this slack restores it. Overshooting the budget would take more than
+# 1/_FLOOR_SLACK shares each just below an integer, and `_floor_shares` checks anyway.
+_FLOOR_SLACK = 1e-7
+
+
+def _floor_shares(units: int, weight: np.ndarray, total: float) -> np.ndarray:
+    """⌊units · weight / total⌋ elementwise, robust to float rounding at integer values."""
+    exact = units * weight / total
+    share = np.floor(exact + _FLOOR_SLACK)
+    if share.sum() > units:  # only reachable with absurdly many prompts; stay exact-safe
+        share = np.floor(exact)
+    return share
+
 
 def order_desc(score: np.ndarray, tie_key: np.ndarray) -> np.ndarray:
     """Positions sorted by score descending, then tie_key ascending."""
@@ -53,7 +67,7 @@ def water_fill(
         eligible = n < hi
         total = p[eligible].sum()
         if total > 0:
-            share = np.floor(rem * p / total)
+            share = _floor_shares(rem, np.where(eligible, p, 0.0), total)
         else:
             share = np.full(p.size, float(rem // int(eligible.sum())))
         delta = np.where(eligible, np.minimum(share, hi - n), 0).astype(np.int64)
@@ -79,7 +93,7 @@ def proportional_fill(
             f"proportional_fill: budget {budget} outside [{k.size * lo}, {k.size * hi}]"
         )
     total = k.sum()
-    extra = np.floor(rem * k / total) if total > 0 else np.zeros(k.size)
+    extra = _floor_shares(rem, k, total) if total > 0 else np.zeros(k.size)
     n = lo + np.minimum(extra, hi - lo).astype(np.int64)
     return give_round_robin(n, order_desc(k, tie_key), int(budget - n.sum()), hi)
 

@@ -1,0 +1,74 @@
+"""AllocationConfig / TemperatureConfig validation: each bad field is rejected by name."""
+
+import pytest
+
+from dynamo_jax.allocation import AllocationConfig, TemperatureConfig
+
+
+def test_defaults_are_valid():
+    AllocationConfig()
+    TemperatureConfig()
+    TemperatureConfig(mode="e3", vocab_size=151_936, anneal=True, total_steps=100)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"policy": "dynamic"}, "policy"),
+        ({"g_min": 0, "n_avg": 1}, "g_min"),
+        ({"g_min": 4, "n_avg": 3}, "n_avg"),
+        ({"n_avg": 9, "g_max": 8}, "n_avg"),
+        ({"n_avg": 8.0}, "n_avg"),
+        ({"min_history": 1}, "min_history"),
+        ({"decay": 0.0}, "decay"),
+        ({"decay": 1.5}, "decay"),
+        ({"e3_curriculum_step": 0}, "e3_curriculum_step"),
+        ({"released_priority_floor": 0.0}, "released_priority_floor"),
+        ({"released_mastered_acc": 1.2}, "released_mastered_acc"),
+        ({"released_explore_rollouts": 0}, "released_explore_rollouts"),
+    ],
+)
+def test_allocation_config_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=f"AllocationConfig.{field}"):
+        AllocationConfig(**kwargs)
+
+
+def test_g_min_two_needed_with_std_normalisation():
+    cfg = AllocationConfig(g_min=1, n_avg=4, g_max=8)
+    cfg.validate_against(norm_adv_by_std=False)  # Dr.GRPO: a group of one is fine
+    with pytest.raises(ValueError, match="AllocationConfig.g_min.*norm_adv_by_std"):
+        cfg.validate_against(norm_adv_by_std=True)
+    AllocationConfig(g_min=2, n_avg=4, g_max=8).validate_against(norm_adv_by_std=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"mode": "cosine"}, "mode"),
+        ({"initial": 0.0}, "initial"),
+        ({"initial": 3.0}, "initial"),  # outside the default clamp [0.1, 2.0]
+        ({"temperature_min": 1.5, "temperature_max": 1.2, "initial": 1.3}, "temperature_min"),
+        ({"init_steps": 0}, "init_steps"),
+        ({"eta": 1.0}, "eta"),
+        ({"eta": -0.1}, "eta"),
+        ({"anneal_start_frac": 1.0}, "anneal_start_frac"),
+        ({"mode": "e3"}, "vocab_size"),
+        ({"mode": "e3", "vocab_size": 0}, "vocab_size"),
+        ({"mode": "e3", "vocab_size": 1}, "vocab_size"),
+        ({"anneal": True, "total_steps": 10}, "anneal"),
+        ({"mode": "e3", "vocab_size": 100, "anneal": True}, "total_steps"),
+    ],
+)
+def test_temperature_config_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=f"TemperatureConfig.{field}"):
+        TemperatureConfig(**kwargs)
+
+
+def test_anneal_start_step_floors_without_float_error():
+    # 0.6 · 10 evaluates to 6.000000000000001 and 0.7 · 10 to 7.000000000000001; both are ⌊·⌋ = 6, 7.
+    cfg = TemperatureConfig(mode="e3", vocab_size=10, anneal=True, total_steps=10)
+    assert cfg.anneal_start_step == 6
+    cfg = TemperatureConfig(
+        mode="e3", vocab_size=10, anneal=True, total_steps=7, anneal_start_frac=0.6
+    )
+    assert cfg.anneal_start_step == 4  # ⌊4.2⌋
