@@ -1,0 +1,424 @@
+"""`VLLMSidecarEngine`: the trainer's side of the vLLM sidecar (a `RolloutEngine`).
+
+It starts `sidecar_server.py` with the vLLM venv's python in its own process group, hands it a
+per-run secret on a pipe that stays open (the sidecar's parent-death watchdog), waits for health,
+and then speaks wire.py's protocol over a Unix socket in a private temporary directory, one
+connection per call, each with a timeout.
+
+Faults: a call that loses its connection or gets no reply within its timeout kills the sidecar's
+process group, starts a new one, re-pushes the current weights and retries the call, up to
+`max_restarts` times in the engine's life. An error the sidecar reports (bad request, vLLM
+exception) is raised as `SidecarError` without a restart: retrying would fail the same way.
+
+No orphans: `close()` (also run by a `weakref.finalize` at interpreter exit and on garbage
+collection) asks for a shutdown and then kills the process group; if the trainer dies without
+running any Python (SIGKILL, a native crash) the pipe closes and the sidecar kills itself. No
+signal handlers are installed: a library must not replace the trainer's, and the pipe already
+covers every way the trainer can end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dynamo_jax.rollout import weight_push, wire
+from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
+
+log = logging.getLogger(__name__)
+SERVER_SCRIPT = Path(__file__).with_name("sidecar_server.py")
+LOG_FILE_NAME = "vllm_sidecar.log"
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarConfig:
+    """How to run the vLLM sidecar. `python` is the vLLM venv's interpreter."""
+
+    python: str
+    model_path: str  # HF checkpoint dir (config.json + safetensors) vLLM starts from
+    dtype: str = "auto"  # vLLM dtype: auto | float32 | bfloat16 | float16
+    max_model_len: int = 4096
+    seed: int = 0
+    enforce_eager: bool = False  # True skips CUDA graphs / compilation: faster start, slower decode
+    gpu_memory_utilization: float = 0.5  # share of the GPU vLLM may take (colocated default)
+    cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU builds
+    max_num_seqs: int = 256
+    startup_timeout_s: float = 600.0
+    call_timeout_s: float = 1800.0  # per generate/update call; a hung sidecar is detected by this
+    max_restarts: int = 2
+    shm_dir: str = "/dev/shm"  # where pushed weights are written (RAM-backed)
+    extra_env: tuple[tuple[str, str], ...] = ()  # e.g. (("CUDA_VISIBLE_DEVICES", "1"),)
+
+    def __post_init__(self):
+        for name in ("max_model_len", "max_num_seqs", "cpu_kv_cache_gib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SidecarConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("startup_timeout_s", "call_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SidecarConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_restarts < 0:
+            raise ValueError(f"SidecarConfig.max_restarts must be >= 0, got {self.max_restarts}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"SidecarConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"SidecarConfig.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}"
+            )
+        if not Path(self.python).is_file():
+            raise ValueError(
+                f"SidecarConfig.python: no interpreter at {self.python!r} (create the vLLM venv)"
+            )
+        if not (Path(self.model_path) / "config.json").is_file():
+            raise ValueError(f"SidecarConfig.model_path: no config.json in {self.model_path!r}")
+        if not Path(self.shm_dir).is_dir():
+            raise ValueError(f"SidecarConfig.shm_dir: {self.shm_dir!r} is not a directory")
+        object.__setattr__(self, "extra_env", tuple((str(k), str(v)) for k, v in self.extra_env))
+
+    def llm_kwargs(self) -> dict:
+        return {
+            "model": str(Path(self.model_path).resolve()),
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "enforce_eager": self.enforce_eager,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+        }
+
+
+class SidecarError(RuntimeError):
+    """The sidecar reported an error, or could not be kept alive."""
+
+
+class SidecarStartError(SidecarError):
+    """The sidecar did not become healthy; the message names its log file."""
+
+
+class SidecarUnavailable(ConnectionError):
+    """No answer: connection lost or timed out. Triggers a restart."""
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+
+
+@dataclasses.dataclass
+class _Process:
+    """One running sidecar: its Popen, socket and secret. Mutable; owned by the engine."""
+
+    popen: subprocess.Popen
+    socket_path: str
+    secret: str
+    log_path: Path
+
+    def call(self, message: dict, timeout_s: float) -> dict:
+        """One request on a fresh authenticated connection; raises SidecarUnavailable on transport faults."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(self.socket_path)
+                wire.send_frame(sock, {"op": "hello", "secret": self.secret})
+                hello = wire.recv_frame(sock)
+                if not hello.get("ok"):
+                    raise SidecarError(f"sidecar refused the connection: {hello.get('error')}")
+                wire.send_frame(sock, message)
+                reply = wire.recv_frame(sock)
+        except TimeoutError as e:
+            raise SidecarUnavailable(
+                f"no reply to {message['op']!r} within {timeout_s} s (hung?)"
+            ) from e
+        except (OSError, wire.WireError) as e:
+            status = self.popen.poll()
+            state = "running" if status is None else f"exited with code {status}"
+            raise SidecarUnavailable(f"{message['op']!r} failed: {e} (sidecar {state})") from e
+        if not reply.get("ok"):
+            raise SidecarError(
+                f"sidecar {message['op']} failed: {reply.get('error')} (log: {self.log_path})"
+            )
+        return reply
+
+    def kill(self) -> None:
+        _kill_group(self.popen)
+
+
+def _kill_group(popen: subprocess.Popen | None) -> None:
+    if popen is None:
+        return
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        popen.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        log.error("sidecar pid %d survived SIGKILL for 30 s", popen.pid)
+    if popen.stdin is not None:
+        try:
+            popen.stdin.close()
+        except OSError:
+            pass
+
+
+def spawn(config: SidecarConfig, log_path: Path, socket_path: str) -> _Process:
+    """Start a sidecar without waiting for it (the engine waits for health)."""
+    secret = secrets.token_hex(32)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(config.cpu_kv_cache_gib),
+        **dict(config.extra_env),
+    }
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)  # the trainer's paths must not leak into the vLLM venv
+    command = [
+        config.python, str(SERVER_SCRIPT), "--socket", socket_path,
+        "--llm-json", json.dumps(config.llm_kwargs()), "--parent-pid", str(os.getpid()),
+    ]  # fmt: skip
+    with open(log_path, "ab") as log_file:
+        popen = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True,  # its own group: one killpg takes vLLM's children too
+        )  # fmt: skip
+    popen.stdin.write(secret.encode() + b"\n")  # a pipe, not argv/env: invisible to `ps`
+    popen.stdin.flush()
+    return _Process(popen, socket_path, secret, log_path)
+
+
+def wait_healthy(process: _Process, timeout_s: float) -> dict:
+    """Poll health until it answers; SidecarStartError naming the log file otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = process.popen.poll()
+        if status is not None:
+            raise SidecarStartError(
+                f"the vLLM sidecar exited with code {status} before becoming healthy; "
+                f"its log is {process.log_path}. Last lines:\n{log_tail(process.log_path)}"
+            )
+        if time.monotonic() > deadline:
+            process.kill()
+            raise SidecarStartError(
+                f"the vLLM sidecar was not healthy after {timeout_s} s and was killed; "
+                f"its log is {process.log_path}. Last lines:\n{log_tail(process.log_path)}"
+            )
+        if os.path.exists(process.socket_path):
+            try:
+                return process.call(
+                    {"op": "health"}, timeout_s=max(1.0, deadline - time.monotonic())
+                )
+            except SidecarUnavailable:
+                pass
+        time.sleep(0.2)
+
+
+@dataclasses.dataclass
+class _Resources:
+    """Everything `close` must release; shared with the finalizer, which must not hold the engine."""
+
+    process: _Process | None = None
+    socket_dir: str = ""
+    push_dir: Path | None = None
+
+
+def _release(res: _Resources, graceful: bool) -> None:
+    if res.process is not None:
+        if graceful and res.process.popen.poll() is None:
+            try:
+                res.process.call({"op": "shutdown"}, timeout_s=10.0)
+                res.process.popen.wait(timeout=10.0)
+            except (SidecarError, SidecarUnavailable, subprocess.TimeoutExpired):
+                pass
+        res.process.kill()
+        res.process = None
+    for path in (res.push_dir, res.socket_dir):
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
+    res.push_dir, res.socket_dir = None, ""
+
+
+class VLLMSidecarEngine:
+    """A `RolloutEngine` whose rollouts come from vLLM in a separate process.
+
+    `model_cfg` is the models package's config of the trainer's parameter tree; it is what
+    `hf_io.to_hf_tensors` needs to name the pushed tensors. Weight version 0 is the checkpoint
+    at `config.model_path` the sidecar starts from.
+    """
+
+    def __init__(self, config: SidecarConfig, model_cfg: Any, workdir: str | os.PathLike):
+        self.config = config
+        self.model_cfg = model_cfg
+        self.log_path = Path(workdir) / LOG_FILE_NAME
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.restarts = 0
+        self.last_push: weight_push.PushTimings | None = None
+        self._version = 0
+        # Unix socket paths are limited to ~100 bytes, so the socket lives in a short private
+        # (0700) temp dir rather than in the workdir.
+        self._res = _Resources(socket_dir=tempfile.mkdtemp(prefix="dynamo-sidecar-"))
+        self._finalizer = weakref.finalize(self, _release, self._res, False)
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- RolloutEngine ---------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Completion]:
+        message = {
+            "op": "generate",
+            "requests": [
+                {
+                    "prompt_id": int(r.prompt_id),
+                    "prompt_token_ids": list(r.prompt_token_ids),
+                    "n": int(r.n),
+                }
+                for r in requests
+            ],
+            "sampling": dataclasses.asdict(sampling),
+        }
+        reply = self._call(message)
+        if reply["weight_version"] != self._version:
+            raise SidecarError(
+                f"sidecar generated with weight version {reply['weight_version']}, expected {self._version}"
+            )
+        completions = []
+        for request, samples in zip(requests, reply["results"], strict=True):
+            for index, sample in enumerate(samples):
+                completions.append(
+                    Completion(
+                        prompt_id=request.prompt_id,
+                        sample_index=index,
+                        token_ids=np.asarray(sample["token_ids"], np.int32),
+                        logprobs=np.asarray(sample["logprobs"], np.float32),
+                        finish_reason=sample["finish_reason"],
+                        weight_version=reply["weight_version"],
+                    )
+                )
+        return completions
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Gather → convert → write → reload. In multi-host runs call this on every process."""
+        host_params, gather_s = weight_push.timed(weight_push.gather_to_host, params)
+        tensors, convert_s = weight_push.timed(
+            weight_push.to_hf_host_tensors, host_params, self.model_cfg
+        )
+        del host_params
+        self.push_hf_tensors(tensors, version)
+        timings = self.last_push
+        self.last_push = dataclasses.replace(timings, gather_s=gather_s, convert_s=convert_s)
+
+    def close(self) -> None:
+        """Shut the sidecar down (kill its group if it does not exit) and free the pushed files."""
+        if self._finalizer.detach() is not None:
+            _release(self._res, graceful=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- pushes from HF-named tensors ---------------------------------------------------------
+    def push_hf_tensors(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
+        """Write HF-named host tensors to shared memory and load them as `version`."""
+        directory, write_s = weight_push.timed(
+            weight_push.write_push_dir, tensors, self.config.shm_dir, version
+        )
+        start = time.perf_counter()
+        self.push_hf_dir(directory, version)
+        reload_s = time.perf_counter() - start
+        self.last_push = weight_push.PushTimings(
+            0.0, 0.0, write_s, reload_s, weight_push.tensors_nbytes(tensors)
+        )
+
+    def push_hf_dir(self, directory: Path, version: int) -> None:
+        """Load a safetensors dir this engine now owns (it deletes it when superseded or closed)."""
+        if version < self._version:
+            raise ValueError(f"weight version must not go back: {version} after {self._version}")
+        try:
+            reply = self._call(
+                {"op": "update_weights", "path": str(directory), "version": int(version)}
+            )
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        if reply["weight_version"] != version:
+            raise SidecarError(
+                f"sidecar confirmed version {reply['weight_version']}, pushed {version}"
+            )
+        old, self._res.push_dir, self._version = self._res.push_dir, Path(directory), int(version)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- process supervision ----------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        process = self._res.process
+        return None if process is None else process.popen.pid
+
+    def _start(self) -> None:
+        """Start a sidecar, wait for health, and give it the current weights."""
+        socket_path = os.path.join(self._res.socket_dir, "sock")
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+        self._res.process = spawn(self.config, self.log_path, socket_path)
+        wait_healthy(self._res.process, self.config.startup_timeout_s)
+        if self._res.push_dir is not None:
+            message = {
+                "op": "update_weights",
+                "path": str(self._res.push_dir),
+                "version": self._version,
+            }
+            self._res.process.call(message, self.config.call_timeout_s)
+
+    def _restart(self, reason: str) -> None:
+        while True:
+            if self.restarts >= self.config.max_restarts:
+                raise SidecarError(
+                    f"the vLLM sidecar failed ({reason}) and the {self.config.max_restarts} allowed "
+                    f"restarts are used up; its log is {self.log_path}"
+                )
+            self.restarts += 1
+            log.warning(
+                "restarting the vLLM sidecar (%d/%d): %s",
+                self.restarts,
+                self.config.max_restarts,
+                reason,
+            )
+            self._res.process.kill()
+            try:
+                self._start()
+                return
+            except SidecarUnavailable as e:
+                reason = str(e)
+
+    def _call(self, message: dict) -> dict:
+        if self._res.process is None:
+            raise SidecarError("the sidecar engine is closed")
+        while True:
+            try:
+                return self._res.process.call(message, self.config.call_timeout_s)
+            except SidecarUnavailable as e:
+                self._restart(str(e))

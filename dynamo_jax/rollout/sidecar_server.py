@@ -1,0 +1,283 @@
+"""The vLLM sidecar: one `vllm.LLM` behind a Unix socket, run inside the vLLM venv.
+
+This program runs in its own environment (vLLM pins transformers/numpy versions the trainer
+cannot use) and imports nothing from JAX or from dynamo_jax except the stdlib-only `wire`
+module next to it. The trainer's `VLLMSidecarEngine` starts it as
+
+    <vllm-venv>/bin/python sidecar_server.py --socket S --llm-json '{...}' --parent-pid P
+
+and writes the per-run secret as the first line on its stdin. The pipe then stays open for the
+sidecar's whole life: EOF on it means the trainer is gone (even after a SIGKILL, which runs no
+cleanup), and the watchdog thread kills this process group. A poll of the parent pid covers a
+pipe kept open by a forked child of the trainer.
+
+Ops (one JSON frame each, see wire.py): hello, health, generate, update_weights, shutdown.
+Errors inside an op are answered as `{"ok": false, "error": ...}`, never swallowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+if __package__:
+    from . import wire
+else:  # run by path in the vLLM venv, where dynamo_jax is not installed
+    import wire
+
+# The engine stays in this process (no EngineCore subprocess): a ~6 s start instead of ~35 s on
+# CPU, one pid to supervise, and collective_rpc reaches the worker directly.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# These are what the protocol's definitions rely on, so the client cannot override them:
+# token-id prompts (the trainer has ids; no tokenizer needed in the model dir), log-probs of the
+# tempered and top-k/top-p restricted distribution, and no sampling defaults or extra EOS ids
+# read from generation_config.json (the trainer passes every stop id explicitly).
+FIXED_LLM_KWARGS = {
+    "skip_tokenizer_init": True,
+    "logprobs_mode": "processed_logprobs",
+    "generation_config": "vllm",
+}
+
+
+def log(message: str) -> None:
+    print(f"[sidecar {os.getpid()} {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def die(reason: str) -> None:
+    """Exit now, taking any children (vLLM workers) with us when we lead our process group."""
+    log(f"exiting: {reason}")
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(1)
+
+
+def watch_parent(stdin_fd: int, parent_pid: int) -> None:
+    """Daemon thread: die when the trainer's pipe closes or the trainer's pid goes away."""
+
+    def run():
+        while True:
+            readable, _, _ = select.select([stdin_fd], [], [], 1.0)
+            if readable and not os.read(stdin_fd, 1 << 16):
+                die("the trainer closed its pipe (trainer exited)")
+            if os.getppid() != parent_pid:
+                die(f"parent pid {parent_pid} is gone")
+
+    threading.Thread(target=run, name="parent-watchdog", daemon=True).start()
+
+
+def read_secret(stdin_fd: int, timeout_s: float = 60.0) -> str:
+    """The first line on stdin; read byte by byte so nothing after it is consumed."""
+    data, deadline = b"", time.monotonic() + timeout_s
+    while not data.endswith(b"\n"):
+        if not select.select([stdin_fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            die("no secret on stdin")
+        byte = os.read(stdin_fd, 1)
+        if not byte:
+            die("stdin closed before the secret arrived")
+        data += byte
+    secret = data.decode().strip()
+    if len(secret) < 16:
+        die("the secret on stdin is shorter than 16 characters")
+    return secret
+
+
+def safetensors_shapes(directory: str) -> dict[str, list[int]]:
+    """Tensor name -> shape over every *.safetensors file in `directory` (header only)."""
+    shapes: dict[str, list[int]] = {}
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {directory}")
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        header.pop("__metadata__", None)
+        shapes.update({name: info["shape"] for name, info in header.items()})
+    return shapes
+
+
+class Sidecar:
+    """Owns the LLM and the weight version; one method per op."""
+
+    def __init__(self, llm_kwargs: dict):
+        from vllm import LLM  # heavy import after the watchdog is running
+
+        self.llm = LLM(**{**llm_kwargs, **FIXED_LLM_KWARGS})
+        self.model_dir = llm_kwargs["model"]
+        # What every push must contain: the names and shapes of the checkpoint vLLM started
+        # from. A push that misses a tensor would otherwise leave stale weights in place silently.
+        self.expected_shapes = safetensors_shapes(self.model_dir)
+        self.weight_version = 0
+
+    def health(self, message: dict) -> dict:
+        import vllm
+
+        return {"weight_version": self.weight_version, "pid": os.getpid(), "vllm": vllm.__version__}
+
+    def generate(self, message: dict) -> dict:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        s = message["sampling"]
+        live = [r for r in message["requests"] if int(r["n"]) > 0]  # vLLM rejects n == 0
+        prompts = [
+            TokensPrompt(prompt_token_ids=[int(t) for t in r["prompt_token_ids"]]) for r in live
+        ]
+        params = [
+            SamplingParams(
+                n=int(r["n"]),
+                temperature=float(s["temperature"]),
+                top_p=float(s["top_p"]),
+                top_k=int(s["top_k"]),
+                max_tokens=int(s["max_new_tokens"]),
+                stop_token_ids=[int(t) for t in s["stop_token_ids"]],
+                seed=wire.request_seed(s["seed"], r["prompt_id"]),
+                logprobs=0,  # only the sampled token's log-prob
+                detokenize=False,
+            )
+            for r in live
+        ]
+        # LLM.generate returns outputs in prompt order; requests with n == 0 get no samples.
+        outputs = iter(self.llm.generate(prompts, params, use_tqdm=False) if live else [])
+        results = []
+        for r in message["requests"]:
+            samples = (
+                sorted(next(outputs).outputs, key=lambda c: c.index) if int(r["n"]) > 0 else []
+            )
+            if len(samples) != int(r["n"]):
+                raise RuntimeError(
+                    f"vLLM returned {len(samples)} samples for prompt_id {r['prompt_id']}, asked {r['n']}"
+                )
+            results.append([_completion(c) for c in samples])
+        return {"weight_version": self.weight_version, "results": results}
+
+    def update_weights(self, message: dict) -> dict:
+        path, version = message["path"], int(message["version"])
+        shapes = safetensors_shapes(path)
+        missing = sorted(set(self.expected_shapes) - set(shapes))
+        extra = sorted(set(shapes) - set(self.expected_shapes))
+        wrong = sorted(
+            n for n in shapes if n in self.expected_shapes and shapes[n] != self.expected_shapes[n]
+        )
+        if missing or extra or wrong:
+            raise ValueError(
+                f"pushed weights in {path} do not match the checkpoint {self.model_dir}: "
+                f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {wrong[:5]}"
+            )
+        start = time.perf_counter()
+        # reload_weights (vLLM's layerwise in-place reload) works on CPU and GPU; a plain
+        # model.load_weights breaks on CPU fp32, where oneDNN has prepacked the weights.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        reload_s = time.perf_counter() - start
+        # Cached KV blocks were computed with the old weights.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+        self.weight_version = version
+        log(f"weights version {version} loaded from {path} in {reload_s:.3f} s")
+        return {"weight_version": version, "reload_s": reload_s}
+
+
+def _completion(c) -> dict:
+    if c.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a sample with reason {c.finish_reason!r}")
+    token_ids = [int(t) for t in c.token_ids]
+    if c.logprobs is None or len(c.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no sampled-token log-probs")
+    logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, token_ids)]
+    return {"token_ids": token_ids, "logprobs": logprobs, "finish_reason": c.finish_reason}
+
+
+def authenticate(conn: socket.socket, secret: str) -> bool:
+    conn.settimeout(10.0)  # a silent peer must not block the single-threaded server
+    try:
+        hello = wire.recv_frame(conn, max_bytes=wire.MAX_HELLO_BYTES)
+    except (OSError, wire.WireError) as e:
+        log(f"refused a connection: {e}")
+        return False
+    given = hello.get("secret") if hello.get("op") == "hello" else None
+    if not isinstance(given, str) or not hmac.compare_digest(given.encode(), secret.encode()):
+        log("refused a connection without the run's secret")
+        try:
+            wire.send_frame(conn, {"ok": False, "error": "refused: wrong or missing secret"})
+        except OSError:
+            pass
+        return False
+    conn.settimeout(None)
+    wire.send_frame(conn, {"ok": True})
+    return True
+
+
+def serve_connection(conn: socket.socket, sidecar: Sidecar) -> bool:
+    """Answer requests until the peer closes; False once a shutdown was asked for."""
+    ops = {
+        "health": sidecar.health,
+        "generate": sidecar.generate,
+        "update_weights": sidecar.update_weights,
+    }
+    while True:
+        try:
+            message = wire.recv_frame(conn)
+        except (OSError, wire.WireError):
+            return True
+        op = message.get("op")
+        if op == "shutdown":
+            wire.send_frame(conn, {"ok": True})
+            return False
+        try:
+            if op not in ops:
+                raise ValueError(f"unknown op {op!r}")
+            reply = {"ok": True, **ops[op](message)}
+        except Exception as e:  # reported to the client as an error, and logged
+            log(f"op {op} failed:\n{traceback.format_exc()}")
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        try:
+            wire.send_frame(conn, reply)
+        except OSError:
+            return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    parser.add_argument(
+        "--llm-json", required=True, help="JSON object of vllm.LLM keyword arguments"
+    )
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    stdin_fd = sys.stdin.fileno()
+    secret = read_secret(stdin_fd)
+    watch_parent(stdin_fd, args.parent_pid)
+    log(f"starting vLLM with {args.llm_json}")
+    sidecar = Sidecar(json.loads(args.llm_json))
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(args.socket)
+    os.chmod(args.socket, 0o600)
+    server.listen(4)
+    log(f"healthy; listening on {args.socket}")
+    running = True
+    while running:
+        conn, _ = server.accept()
+        with conn:
+            if authenticate(conn, secret):
+                running = serve_connection(conn, sidecar)
+    log("shutdown requested")
+    server.close()
+    os.unlink(args.socket)
+    os._exit(0)  # skip vLLM's atexit teardown, which can hang; nothing here needs flushing
+
+
+if __name__ == "__main__":
+    main()
