@@ -167,8 +167,9 @@ def test_bad_budget_and_indices_are_rejected(policy):
     h = PromptHistory(4)
     with pytest.raises(ValueError, match="budget must be a non-negative integer"):
         _alloc(policy, h, [0, 1], -1)
-    with pytest.raises(ValueError, match="budget must be a non-negative integer"):
-        _alloc(policy, h, [0, 1], 7.5)
+    for bad in (7.5, float("inf"), "8", None):
+        with pytest.raises(ValueError, match="budget must be a non-negative integer"):
+            _alloc(policy, h, [0, 1], bad)
     with pytest.raises(ValueError, match="prompt index 1 appears 2 times"):
         _alloc(policy, h, [1, 1], 8)
     with pytest.raises(ValueError, match=r"indices\[0\] = 4 is not a dense prompt index"):

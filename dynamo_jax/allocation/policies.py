@@ -53,7 +53,11 @@ class Allocator(Protocol):
 
 
 def _check_budget(budget) -> int:
-    if isinstance(budget, bool) or int(budget) != budget or budget < 0:
+    try:
+        ok = not isinstance(budget, bool) and int(budget) == budget and budget >= 0
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
         raise ValueError(f"allocate: budget must be a non-negative integer, got {budget!r}")
     return int(budget)
 
