@@ -51,7 +51,7 @@ class SidecarConfig:
 
     python: str
     model_path: str  # HF checkpoint dir (config.json + safetensors) vLLM starts from
-    dtype: str = "auto"  # vLLM dtype: auto | float32 | bfloat16 | float16
+    dtype: str = "bfloat16"  # vLLM's dtype, and the dtype weights are pushed in
     max_model_len: int = 4096
     seed: int = 0
     enforce_eager: bool = False  # True skips CUDA graphs / compilation: faster start, slower decode
@@ -319,15 +319,26 @@ class VLLMSidecarEngine:
         return completions
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Gather → convert → write → reload. In multi-host runs call this on every process."""
-        host_params, gather_s = weight_push.timed(weight_push.gather_to_host, params)
-        tensors, convert_s = weight_push.timed(
-            weight_push.to_hf_host_tensors, host_params, self.model_cfg
+        """Export `params` (HF names, `config.dtype`) to shared memory and load them as `version`.
+
+        Multi-host: only process 0 runs a sidecar; the other processes must call
+        `weight_push.export_push_dir` with the same arguments at the same time (the gather is a
+        collective).
+        """
+        if self.model_cfg is None:
+            raise ValueError(
+                "VLLMSidecarEngine was built with model_cfg=None: it can push HF tensors "
+                "(push_hf_tensors) but not a parameter tree"
+            )
+        directory, export_s = weight_push.timed(
+            weight_push.export_push_dir,
+            params,
+            self.model_cfg,
+            self.config.shm_dir,
+            version,
+            self.config.dtype,
         )
-        del host_params
-        self.push_hf_tensors(tensors, version)
-        timings = self.last_push
-        self.last_push = dataclasses.replace(timings, gather_s=gather_s, convert_s=convert_s)
+        self._push_and_time(directory, version, export_s)
 
     def close(self) -> None:
         """Shut the sidecar down (kill its group if it does not exit) and free the pushed files."""
@@ -346,12 +357,13 @@ class VLLMSidecarEngine:
         directory, write_s = weight_push.timed(
             weight_push.write_push_dir, tensors, self.config.shm_dir, version
         )
+        self._push_and_time(directory, version, write_s)
+
+    def _push_and_time(self, directory: Path, version: int, export_s: float) -> None:
+        nbytes = (Path(directory) / weight_push.WEIGHTS_FILE).stat().st_size
         start = time.perf_counter()
         self.push_hf_dir(directory, version)
-        reload_s = time.perf_counter() - start
-        self.last_push = weight_push.PushTimings(
-            0.0, 0.0, write_s, reload_s, weight_push.tensors_nbytes(tensors)
-        )
+        self.last_push = weight_push.PushTimings(export_s, time.perf_counter() - start, nbytes)
 
     def push_hf_dir(self, directory: Path, version: int) -> None:
         """Load a safetensors dir this engine now owns (it deletes it when superseded or closed)."""

@@ -1,18 +1,20 @@
-"""The weight push: trainer parameters → HF-named host tensors → safetensors on shared memory.
+"""The weight push: trainer parameters → HF-named safetensors on shared memory → vLLM.
 
 After every optimizer step the trainer's parameters must reach the vLLM sidecar. The path is
-  1. gather: device arrays → host NumPy (`gather_to_host`);
-  2. convert: HF names, fused/split projections, tied embeddings, dtype — the models package's
-     one mapping table, `dynamo_jax.models.hf_io.to_hf_tensors` (never a second copy here);
-  3. write: one `model.safetensors` in a fresh directory under /dev/shm (RAM, no disk I/O);
-  4. reload: the sidecar loads that directory in place (`VLLMSidecarEngine.push_hf_dir`).
-The directory is deleted once the next push has replaced it (the sidecar client keeps exactly
-one, so a restarted sidecar can be given the current weights even after the trainer has
-donated the device buffers they came from).
+  1. export (`export_push_dir`): the models package's streaming HF export
+     (`hf_io.save_hf_checkpoint`, the ONE name mapping: QKV per-head split, tied embeddings,
+     dtype cast on device) gathers one tensor at a time to the host, converts it and appends it
+     to one `model.safetensors` in a fresh directory under /dev/shm (RAM, no disk I/O), so the
+     host never holds more than one tensor beyond the file itself;
+  2. reload: the sidecar loads that directory in place and resets its prefix cache
+     (`VLLMSidecarEngine.push_hf_dir`).
+The directory is deleted once the next push has replaced it: the client keeps exactly one, so
+a restarted sidecar can be given the current weights even after the trainer has donated the
+device buffers they came from.
 
-Multi-host: with parameters sharded over several processes, `gather_to_host` is a collective
-(`process_allgather`), so EVERY process must call it; only the process that runs the sidecar
-(process 0 by default) then converts and writes.
+Multi-host: gathering a sharded parameter is a collective, so EVERY process must call
+`export_push_dir` with the same arguments; only process 0 writes (the sidecar runs on the
+host of process 0) and the others get None back.
 """
 
 from __future__ import annotations
@@ -32,35 +34,37 @@ WEIGHTS_FILE = "model.safetensors"
 
 @dataclasses.dataclass(frozen=True)
 class PushTimings:
-    """Seconds per phase of one push, and the bytes written."""
+    """Seconds of one push: export (gather + convert + write) and the sidecar's reload."""
 
-    gather_s: float
-    convert_s: float
-    write_s: float
+    export_s: float
     reload_s: float
     nbytes: int
 
     @property
     def total_s(self) -> float:
-        return self.gather_s + self.convert_s + self.write_s + self.reload_s
+        return self.export_s + self.reload_s
 
 
-def gather_to_host(params: Any) -> Any:
-    """The parameter tree as host NumPy arrays (a collective when several processes hold shards)."""
+def export_push_dir(
+    params: Any, model_cfg: Any, root: str, version: int, dtype: str
+) -> Path | None:
+    """Write `params` as HF safetensors in a new directory under `root` (process 0 only)."""
     import jax
 
-    if jax.process_count() == 1:
-        return jax.device_get(params)
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.process_allgather(params, tiled=True)
-
-
-def to_hf_host_tensors(host_params: Any, model_cfg: Any) -> dict[str, np.ndarray]:
-    """HF-named tensors through the models package's mapping (the only name table)."""
     from dynamo_jax.models import hf_io
 
-    return {name: np.asarray(t) for name, t in hf_io.to_hf_tensors(host_params, model_cfg).items()}
+    writer = jax.process_index() == 0
+    directory = (
+        Path(tempfile.mkdtemp(prefix=f"dynamo-push-v{version}-", dir=root)) if writer else None
+    )
+    try:
+        # Non-writers still iterate (inside save_hf_checkpoint) to join the gathers.
+        hf_io.save_hf_checkpoint(params, model_cfg, directory or Path(root) / "unused", dtype=dtype)
+    except BaseException:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory
 
 
 def write_push_dir(tensors: Mapping[str, np.ndarray], root: str, version: int) -> Path:
@@ -79,10 +83,6 @@ def write_push_dir(tensors: Mapping[str, np.ndarray], root: str, version: int) -
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return directory
-
-
-def tensors_nbytes(tensors: Mapping[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(t).nbytes for t in tensors.values()))
 
 
 def timed(fn, *args):
