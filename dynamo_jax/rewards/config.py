@@ -1,0 +1,64 @@
+"""Configuration of the math reward: reward values, time limits and input bounds.
+
+Completions are untrusted model output, so every bound that keeps a worker from hanging or
+exhausting memory is an explicit, validated field here rather than a constant in the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+StartMethod = Literal["forkserver", "spawn"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """How completions are scored against gold answers.
+
+    Rewards: `correct_reward` for a verified answer, `no_answer_reward` when nothing could be
+    extracted, `wrong_reward` for everything else (wrong, unparseable, timed out, too long).
+    """
+
+    correct_reward: float = 1.0
+    wrong_reward: float = 0.0
+    no_answer_reward: float = 0.0
+    # Wall-clock limit per completion. The worker interrupts itself at this point (SIGALRM);
+    # C code that cannot be interrupted (a huge integer power) is killed by the parent after
+    # `kill_grace_s` more seconds and the worker is replaced.
+    timeout_s: float = 5.0
+    kill_grace_s: float = 1.0
+    # Completions longer than this are not parsed at all (status parse_error).
+    max_chars: int = 100_000
+    # The extracted final answer is bounded separately: math-verify parses it with an ANTLR
+    # grammar and SymPy, whose cost grows quickly with length and nesting.
+    max_answer_chars: int = 4096
+    max_nesting: int = 64
+    num_workers: int = 4
+    start_method: StartMethod = "forkserver"
+    # Address-space cap per worker (MiB), so a pathological expression fails with MemoryError
+    # instead of taking the host's memory. 0 disables the cap.
+    worker_memory_mb: int = 2048
+
+    def __post_init__(self):
+        for name in ("correct_reward", "wrong_reward", "no_answer_reward"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value != value:
+                raise ValueError(f"RewardConfig.{name} must be a finite number, got {value!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s}")
+        if not self.kill_grace_s > 0:
+            raise ValueError(f"RewardConfig.kill_grace_s must be > 0, got {self.kill_grace_s}")
+        for name in ("max_chars", "max_answer_chars", "max_nesting", "num_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RewardConfig.{name} must be an int >= 1, got {value!r}")
+        if self.start_method not in ("forkserver", "spawn"):
+            raise ValueError(
+                "RewardConfig.start_method must be 'forkserver' or 'spawn' (fork is unsafe once "
+                f"JAX is loaded), got {self.start_method!r}"
+            )
+        if not isinstance(self.worker_memory_mb, int) or self.worker_memory_mb < 0:
+            raise ValueError(
+                f"RewardConfig.worker_memory_mb must be an int >= 0, got {self.worker_memory_mb!r}"
+            )

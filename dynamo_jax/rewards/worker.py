@@ -1,0 +1,57 @@
+"""Entry point of a reward worker process: receive (index, text, gold), send (index, Verdict).
+
+Kept apart from the pool so that the forkserver can preload exactly this module (math-verify,
+SymPy and the ANTLR grammar) once, making a replacement worker a cheap fork.
+"""
+
+from __future__ import annotations
+
+import resource
+from multiprocessing.connection import Connection
+
+from dynamo_jax.rewards.config import RewardConfig
+from dynamo_jax.rewards.math_check import score_one
+
+
+def _cap_memory(limit_mb: int) -> None:
+    if limit_mb <= 0:
+        return
+    limit = limit_mb * 1024 * 1024
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def worker_main(conn: Connection, cfg: RewardConfig) -> None:
+    """Serve scoring requests until the pipe closes or a None message arrives."""
+    _cap_memory(cfg.worker_memory_mb)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        index, text, gold = message
+        conn.send((index, score_one(text, gold, cfg)))
+
+
+# One example per answer shape: the first parse of each shape costs 0.2-0.7 s (SymPy's lazy
+# imports and caches, the ANTLR parser's tables), later ones a few ms.
+_WARM_UP_CASES = (
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{(1, \\infty)}", "(1,\\infty)"),
+    ("\\boxed{x^2+\\sqrt{2}x+1}", "1+x^2+\\sqrt{2}x"),
+    ("\\boxed{\\text{Thursday}}", "Thursday"),
+    ("\\boxed{1, 3}", "$1$,$3$"),
+    ("\\boxed{540^\\circ}", "10\\%"),
+    ("The answer is 3/4.", "025"),
+)
+
+
+def warm_up(cfg: RewardConfig | None = None) -> None:
+    """Pay the parsers' first-use costs once (in the forkserver, so forked workers start warm)."""
+    cfg = cfg or RewardConfig()
+    for text, gold in _WARM_UP_CASES:
+        score_one(text, gold, cfg)
