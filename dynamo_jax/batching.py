@@ -1,0 +1,105 @@
+"""Rollouts → the trainer's fixed-shape batch arrays, and the split into optimizer mini-batches.
+
+Layout (sharding/forward.py's batch convention): row b is one completion, prompt then response,
+left-aligned, padded on the right to `seq_len`; every per-token array is indexed by the token it
+scores. The batch always has `rows` rows (the step's budget B), so the jitted functions compile
+once: when the allocator reports a shortfall, the missing rows are padding (`valid` False,
+loss_mask 0, advantage 0).
+
+Shape letters: B rows (completions), L sequence length (max prompt + max new tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dynamo_jax.rollout.protocol import Completion
+
+
+def pack_rollouts(
+    prompt_tokens: dict[int, Sequence[int]],
+    completions: Sequence[Completion],
+    *,
+    rows: int,
+    seq_len: int,
+    pad_id: int = 0,
+) -> dict[str, np.ndarray]:
+    """Fixed-shape arrays for `completions` (prompt tokens looked up by prompt id).
+
+    Returns tokens/positions/attention_mask int32 [B, L], loss_mask float32 [B, L], and per row:
+    valid bool [B], prompt_id int64 [B], response_len int32 [B], stopped bool [B].
+    """
+    if len(completions) > rows:
+        raise ValueError(f"pack_rollouts: {len(completions)} completions exceed the {rows} rows")
+    tokens_BxL = np.full((rows, seq_len), pad_id, np.int32)
+    mask_BxL = np.zeros((rows, seq_len), np.int32)
+    loss_BxL = np.zeros((rows, seq_len), np.float32)
+    valid_B = np.zeros(rows, bool)
+    prompt_id_B = np.full(rows, -1, np.int64)
+    resp_len_B = np.zeros(rows, np.int32)
+    stopped_B = np.zeros(rows, bool)
+    for b, c in enumerate(completions):
+        prompt = np.asarray(prompt_tokens[c.prompt_id], np.int32)
+        resp = np.asarray(c.token_ids, np.int32)
+        p, r = len(prompt), len(resp)
+        if p + r > seq_len:
+            raise ValueError(
+                f"pack_rollouts: prompt {c.prompt_id} ({p} tokens) + response ({r} tokens) "
+                f"exceeds seq_len {seq_len}; raise the length limits consistently"
+            )
+        tokens_BxL[b, :p] = prompt
+        tokens_BxL[b, p : p + r] = resp
+        mask_BxL[b, : p + r] = 1
+        loss_BxL[b, p : p + r] = 1.0  # every response token, the stop token included
+        valid_B[b] = True
+        prompt_id_B[b] = c.prompt_id
+        resp_len_B[b] = r
+        stopped_B[b] = c.finish_reason == "stop"
+    # Right padding: positions of real tokens count from 0; padding positions are irrelevant.
+    positions_BxL = np.maximum(np.cumsum(mask_BxL, axis=1) - 1, 0).astype(np.int32)
+    return {
+        "tokens": tokens_BxL,
+        "positions": positions_BxL,
+        "attention_mask": mask_BxL,
+        "loss_mask": loss_BxL,
+        "valid": valid_B,
+        "prompt_id": prompt_id_B,
+        "response_len": resp_len_B,
+        "stopped": stopped_B,
+    }
+
+
+def group_stats(prompt_id_B: np.ndarray, rewards_B: np.ndarray, valid_B: np.ndarray) -> dict:
+    """Per prompt-id group: count, correct count (reward > 0), reward sum, zero-variance flag."""
+    ids = prompt_id_B[valid_B]
+    rewards = rewards_B[valid_B]
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    count = np.bincount(inverse, minlength=len(uniq))
+    correct = np.bincount(inverse, weights=(rewards > 0).astype(np.float64), minlength=len(uniq))
+    rsum = np.bincount(inverse, weights=rewards.astype(np.float64), minlength=len(uniq))
+    rsq = np.bincount(inverse, weights=rewards.astype(np.float64) ** 2, minlength=len(uniq))
+    var = rsq / np.maximum(count, 1) - (rsum / np.maximum(count, 1)) ** 2
+    return {
+        "prompt_id": uniq,
+        "count": count.astype(np.int64),
+        "correct": np.rint(correct).astype(np.int64),
+        "reward_sum": rsum,
+        "zero_variance": var <= 1e-12,
+    }
+
+
+def mini_batches(batch: dict[str, np.ndarray], size: int, permutation: np.ndarray) -> list[dict]:
+    """Rows reordered by `permutation`, cut into consecutive mini-batches of `size` rows.
+
+    Only [B]- and [B, L]-shaped fields are sliced; scalars (the temperature) are shared.
+    """
+    rows = len(permutation)
+    if rows % size:
+        raise ValueError(f"mini_batches: {rows} rows do not split into mini-batches of {size}")
+    out = []
+    for start in range(0, rows, size):
+        idx = permutation[start : start + size]
+        out.append({k: (v[idx] if np.ndim(v) >= 1 else v) for k, v in batch.items()})
+    return out

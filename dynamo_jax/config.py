@@ -1,0 +1,260 @@
+"""ml_collections ConfigDict → frozen, validated dataclasses (the only module that reads a ConfigDict).
+
+A config file (configs/*.py) returns a ConfigDict with one section per subsystem. `from_config_dict`
+builds each section's dataclass from the subsystem's own package (`ModelConfig`, `LossConfig`,
+`AllocationConfig`, ...) plus the trainer's own (`TrainConfig`, `OptimConfig`, `RolloutConfig`,
+`InitConfig`, `EvalConfig`, and `CheckpointConfig` / `LoggingConfig`), then runs the cross-section
+checks no single dataclass can make. Every error names the section and field. The result,
+`RunConfig`, is passed down as explicit arguments; nothing below reads the ConfigDict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from dynamo_jax.checkpoint import CheckpointConfig
+from dynamo_jax.metrics import LoggingConfig
+
+ENGINES = ("jax", "vllm")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def _positive(section: str, obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The RL loop's shape: steps, batch, optimizer mini-batches, failure limits."""
+
+    seed: int = 0  # every random stream derives from (seed, step)
+    steps: int = 100  # RL steps (one rollout batch each)
+    prompts_per_step: int = 8  # N prompts per step; the budget is B = N * allocation.n_avg
+    mini_batch_size: int = 64  # responses per optimizer update; must divide B
+    micro_batches: int = 1  # gradient accumulation inside one update (divides mini_batch_size)
+    ppo_epochs: int = 1  # passes over the batch's mini-batches
+    norm_adv_by_std: bool = True  # GRPO (R - mean) / std; False = Dr.GRPO's R - mean
+    max_consecutive_nonfinite: int = 3  # stop after this many skipped (NaN/Inf) updates in a row
+    shuffle_mini_batches: bool = True  # permute responses (keyed by seed, step) before splitting
+
+    def __post_init__(self):
+        _positive("train", self, "steps", "prompts_per_step", "mini_batch_size", "micro_batches")
+        _positive("train", self, "ppo_epochs", "max_consecutive_nonfinite")
+        if self.mini_batch_size % self.micro_batches:
+            raise ValueError(
+                f"train.micro_batches ({self.micro_batches}) must divide train.mini_batch_size "
+                f"({self.mini_batch_size})"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with warm-up and global-norm clipping (verl's actor defaults)."""
+
+    learning_rate: float = 1e-6  # peak learning rate
+    schedule: str = "constant"  # after warm-up: "constant" or "cosine" (to 0 at train.steps)
+    warmup_steps: int = 0  # linear warm-up, in optimizer updates
+    weight_decay: float = 0.01  # decoupled (AdamW)
+    b1: float = 0.9  # Adam beta1
+    b2: float = 0.999  # Adam beta2
+    eps: float = 1e-8  # Adam epsilon
+    max_grad_norm: float = 1.0  # global-norm clip; <= 0 turns clipping off
+
+    def __post_init__(self):
+        _positive("optim", self, "learning_rate", "eps")
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(f"optim.schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        if self.warmup_steps < 0 or self.weight_decay < 0:
+            raise ValueError("optim.warmup_steps and optim.weight_decay must be >= 0")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Which engine generates, and how (temperature comes from the temperature section)."""
+
+    engine: str = "jax"  # "jax" (in-process sampler) or "vllm" (sidecar process)
+    max_new_tokens: int = 64  # response length limit
+    top_p: float = 1.0  # nucleus sampling (1.0 = off)
+    top_k: int = -1  # top-k sampling (-1 = off)
+    sidecar_python: str = ".venv-vllm/bin/python"  # vllm: the vLLM venv's interpreter
+    vllm_dtype: str = "bfloat16"  # vllm: weights/compute dtype (auto|float32|bfloat16|float16)
+    gpu_memory_utilization: float = 0.4  # vllm: share of accelerator memory vLLM may take
+    vllm_enforce_eager: bool = False  # vllm: skip CUDA graphs (faster start, slower decode)
+    vllm_max_num_seqs: int = 256  # vllm: concurrent sequences
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout.engine must be one of {ENGINES}, got {self.engine!r}")
+        _positive("rollout", self, "max_new_tokens", "top_p", "gpu_memory_utilization")
+        if self.top_p > 1.0:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InitConfig:
+    """Where the initial weights and tokenizer come from."""
+
+    checkpoint: str = ""  # HF directory (config.json + safetensors); "" = random init of model
+    tokenizer: str = ""  # HF tokenizer directory; "" = the data section's own (synthetic) one
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """pass@k evaluation during training."""
+
+    every_steps: int = 0  # evaluate every this many steps (0 = never)
+    n_samples: int = 4  # samples per problem (temperature 1.0, top-p 1.0)
+    ks: tuple[int, ...] = (1,)  # report pass@k for these k (each <= n_samples)
+    max_problems: int = 64  # evaluate on the first this many problems (0 = all)
+
+    def __post_init__(self):
+        object.__setattr__(self, "ks", tuple(int(k) for k in self.ks))
+        if self.every_steps < 0 or self.max_problems < 0:
+            raise ValueError("eval.every_steps and eval.max_problems must be >= 0")
+        _positive("eval", self, "n_samples")
+        bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
+        if bad:
+            raise ValueError(f"eval.ks {bad} must lie in [1, eval.n_samples={self.n_samples}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class DryRunConfig:
+    """What `launch.py --dry_run` plans for (simulated CPU devices, no weights loaded)."""
+
+    num_devices: int = 8  # devices of the planned mesh (simulated on CPU)
+    device_memory_gb: float = 80.0  # per-device memory the plan must fit
+
+    def __post_init__(self):
+        _positive("dry_run", self, "num_devices", "device_memory_gb")
+
+
+# section name → (module, class); subsystem classes are imported by name so this table is the
+# single map from config files to the code.
+SECTIONS: dict[str, tuple[str, str]] = {
+    "model": ("dynamo_jax.models.config", "ModelConfig"),
+    "init": (__name__, "InitConfig"),
+    "data": ("dynamo_jax.data", "DataConfig"),
+    "reward": ("dynamo_jax.rewards.config", "RewardConfig"),
+    "rollout": (__name__, "RolloutConfig"),
+    "jax_engine": ("dynamo_jax.rollout.jax_engine", "JaxEngineConfig"),
+    "allocation": ("dynamo_jax.allocation.config", "AllocationConfig"),
+    "temperature": ("dynamo_jax.allocation.config", "TemperatureConfig"),
+    "loss": ("dynamo_jax.losses.config", "LossConfig"),
+    "mesh": ("dynamo_jax.sharding.mesh", "MeshConfig"),
+    "optim": (__name__, "OptimConfig"),
+    "train": (__name__, "TrainConfig"),
+    "checkpoint": ("dynamo_jax.checkpoint", "CheckpointConfig"),
+    "eval": (__name__, "EvalConfig"),
+    "logging": ("dynamo_jax.metrics", "LoggingConfig"),
+    "dry_run": (__name__, "DryRunConfig"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Every section of a run, validated, plus the run's name."""
+
+    name: str
+    model: Any
+    init: InitConfig
+    data: Any
+    reward: Any
+    rollout: RolloutConfig
+    jax_engine: Any
+    allocation: Any
+    temperature: Any
+    loss: Any
+    mesh: Any
+    optim: OptimConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    eval: EvalConfig
+    logging: LoggingConfig
+    dry_run: DryRunConfig
+
+
+def section_class(name: str) -> type:
+    module, cls = SECTIONS[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def _plain(value: Any) -> Any:
+    """ConfigDict/list values → plain dicts and tuples (frozen dataclasses want hashables)."""
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def build_section(name: str, values: Mapping[str, Any]) -> Any:
+    """One section's dataclass; unknown fields and validation errors name `name.field`."""
+    cls = section_class(name)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = _plain(values)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(
+            f"config.{name} has unknown field(s) {unknown}; {cls.__name__} fields: {sorted(fields)}"
+        )
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"config.{name} ({cls.__name__}): {err}") from err
+
+
+def from_config_dict(config: Any) -> RunConfig:
+    """Validate a whole ConfigDict (or nested mapping) into a `RunConfig`."""
+    raw = _plain(config)
+    missing = sorted(set(SECTIONS) - set(raw))
+    extra = sorted(set(raw) - set(SECTIONS) - {"name"})
+    if missing or extra:
+        raise ValueError(f"config sections: missing {missing}, unknown {extra}")
+    sections = {name: build_section(name, raw[name]) for name in SECTIONS}
+    run = RunConfig(name=str(raw.get("name", "run")), **sections)
+    check_cross_fields(run)
+    return run
+
+
+def check_cross_fields(run: RunConfig) -> None:
+    """Constraints that span sections."""
+    train, alloc, temp = run.train, run.allocation, run.temperature
+    try:
+        alloc.validate_against(norm_adv_by_std=train.norm_adv_by_std)
+    except ValueError as err:
+        raise ValueError(f"config.allocation vs config.train.norm_adv_by_std: {err}") from err
+    budget = train.prompts_per_step * alloc.n_avg
+    if budget % train.mini_batch_size:
+        raise ValueError(
+            f"train.mini_batch_size ({train.mini_batch_size}) must divide the rollout budget "
+            f"train.prompts_per_step * allocation.n_avg = {budget}"
+        )
+    if temp.mode == "e3" and temp.vocab_size != run.model.vocab_size:
+        raise ValueError(
+            f"temperature.vocab_size ({temp.vocab_size}) must equal model.vocab_size "
+            f"({run.model.vocab_size}): the E3 gain uses the policy's |V|"
+        )
+    if temp.anneal and temp.total_steps != train.steps:
+        raise ValueError(
+            f"temperature.total_steps ({temp.total_steps}) must equal train.steps ({train.steps})"
+        )
+    if run.eval.every_steps and run.eval.every_steps > train.steps:
+        raise ValueError(
+            f"eval.every_steps={run.eval.every_steps} exceeds train.steps={train.steps}"
+        )
+
+
+def to_json_dict(run: RunConfig) -> dict:
+    """The resolved config as JSON (saved in every checkpoint and in workdir/config.json)."""
+    return dataclasses.asdict(run)

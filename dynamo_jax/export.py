@@ -1,0 +1,80 @@
+"""Export a run's checkpoint as a Hugging Face directory (config.json + model.safetensors).
+
+    python -m dynamo_jax.export WORKDIR OUT_DIR [--step N] [--dtype bfloat16]
+
+Reads WORKDIR/config.json (written by every run) for the model shape, restores the parameters of
+the latest (or the given) checkpoint step onto this process's default device, and writes a
+directory that `transformers.AutoModelForCausalLM.from_pretrained` loads, with the tokenizer
+files when the run used an HF tokenizer (`init.tokenizer`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import jax
+
+from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
+from dynamo_jax.config import RunConfig, from_config_dict
+
+
+def restore_params(workdir: Path, cfg: RunConfig, step: int | None):
+    """(step, params) of a checkpoint in `workdir`, restored unsharded on the default device."""
+    from dynamo_jax.sharding.state import abstract_train_state
+    from dynamo_jax.train import make_optimizer, updates_per_step
+
+    optimizer = make_optimizer(cfg.optim, cfg.train.steps * updates_per_step(cfg))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    state = abstract_train_state(cfg.model, optimizer)
+    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    abstract = {"train": jax.tree.map(place, state), "rng": jax.random.key(cfg.train.seed)}
+    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(max_to_keep=10**6))
+    try:
+        if step is None:
+            restored = ckpt.restore_latest(abstract)
+            if restored is None:
+                raise SystemExit(f"{workdir}/checkpoints: no checkpoint to export")
+        else:
+            if step not in ckpt.all_steps():
+                raise SystemExit(f"{workdir}: no checkpoint step {step} (have {ckpt.all_steps()})")
+            restored = ckpt.restore(step, abstract)
+    finally:
+        ckpt.close()
+    return restored.step, restored.state["train"].params
+
+
+def export(
+    workdir: str | Path, out_dir: str | Path, *, step: int | None = None, dtype: str = "bfloat16"
+) -> Path:
+    from dynamo_jax.models.hf_io import save_hf_checkpoint
+
+    workdir = Path(workdir)
+    config_path = workdir / "config.json"
+    if not config_path.exists():
+        raise SystemExit(f"{workdir}: no config.json (is this a run directory?)")
+    cfg = from_config_dict(json.loads(config_path.read_text()))
+    step, params = restore_params(workdir, cfg, step)
+    tokenizer = None
+    if cfg.init.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.init.tokenizer)
+    out = save_hf_checkpoint(params, cfg.model, out_dir, tokenizer=tokenizer, dtype=dtype)
+    print(f"exported step {step} of {workdir} to {out}")
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+    parser.add_argument("--dtype", default="bfloat16", help="safetensors dtype")
+    args = parser.parse_args(argv)
+    export(args.workdir, args.out_dir, step=args.step, dtype=args.dtype)
+
+
+if __name__ == "__main__":
+    main()

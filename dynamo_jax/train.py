@@ -1,0 +1,492 @@
+"""The RL training loop: allocate → generate → score → advantages → old log-probs → update.
+
+One step, top to bottom (`rl_step`), as in DESIGN.md "One training step, as data":
+1. the data iterator hands out N dataset rows; the allocator splits the budget B = N · n_avg into
+   n_i per prompt; the temperature scheduler gives τ;
+2. the rollout engine samples n_i completions per prompt at τ (seed derived from (seed, step));
+3. the task scores them (binary verdicts);
+4. GRPO advantages per prompt-id group (variable group sizes);
+5. the trainer recomputes old log-probs (and entropy) at τ with its own forward;
+6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches;
+7. allocator history and temperature scheduler are updated, weights pushed to the engine.
+`run` wraps steps with checkpointing (every M steps, at the end, on Ctrl-C), evaluation every K
+steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
+after `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
+
+Exact resume: every random stream is a function of (train.seed, step): the rollout seed, the
+mini-batch permutation, the data order (the iterator's own state is checkpointed). A run killed
+at any point and restarted from its last checkpoint therefore replays the same steps bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dynamo_jax import batching, tasks
+from dynamo_jax.allocation import make_allocator, make_history
+from dynamo_jax.allocation.history import PromptHistory
+from dynamo_jax.allocation.temperature import TemperatureScheduler
+from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError
+from dynamo_jax.config import OptimConfig, RunConfig, to_json_dict
+from dynamo_jax.losses.advantages import sequence_advantages
+from dynamo_jax.metrics import MetricsWriter, truncate_metrics
+from dynamo_jax.rollout.protocol import Request, SamplingParams
+from dynamo_jax.sharding.mesh import build_mesh
+
+log = logging.getLogger(__name__)
+
+SKIP_KEY = "update_skipped"  # the train step's metric flagging a skipped non-finite update
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransformation:
+    """AdamW with linear warm-up, then constant or cosine decay; optional global-norm clip."""
+    warmup = min(cfg.warmup_steps, max(total_updates - 1, 0))
+    if cfg.schedule == "cosine":
+        lr = optax.warmup_cosine_decay_schedule(
+            0.0, cfg.learning_rate, warmup, max(total_updates, warmup + 1)
+        )
+    elif warmup:
+        lr = optax.join_schedules(
+            [
+                optax.linear_schedule(0.0, cfg.learning_rate, warmup),
+                optax.constant_schedule(cfg.learning_rate),
+            ],
+            [warmup],
+        )
+    else:
+        lr = cfg.learning_rate
+    adamw = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+    return adamw
+
+
+def updates_per_step(cfg: RunConfig) -> int:
+    return cfg.train.ppo_epochs * (budget(cfg) // cfg.train.mini_batch_size)
+
+
+def budget(cfg: RunConfig) -> int:
+    return cfg.train.prompts_per_step * cfg.allocation.n_avg
+
+
+def step_seed(seed: int, step: int, stream: int) -> int:
+    """A 32-bit seed for one random stream of one step (0 rollouts, 1 mini-batches, 2 eval)."""
+    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0])
+
+
+# ----------------------------------------------------------------------------- run state
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything built once from the config; `rl_step` advances it by one step."""
+
+    cfg: RunConfig
+    mesh: Any
+    task: tasks.Task
+    engine: Any
+    allocator: Any
+    history: PromptHistory
+    scheduler: TemperatureScheduler
+    data_iter: Any
+    train_step: Any
+    batch_fields: tuple[str, ...]  # the fields the jitted train step takes
+    skip_key: str  # its metric that flags a skipped (non-finite) update
+    logprob_fn: Any
+    state: Any  # sharding.state.TrainState
+    ref_params: Any = None  # frozen reference policy, only when the loss has a KL term
+    consecutive_nonfinite: int = 0
+    skipped_updates: int = 0
+
+    # -- checkpoint payload -------------------------------------------------------------
+    def host_state(self) -> dict:
+        return {
+            "data": self.data_iter.state_dict(),
+            "history": self.history.state_dict(),
+            "temperature": self.scheduler.state_dict(),
+            "loop": {
+                "consecutive_nonfinite": np.int64(self.consecutive_nonfinite),
+                "skipped_updates": np.int64(self.skipped_updates),
+            },
+        }
+
+    def load_host_state(self, host: dict) -> None:
+        self.data_iter.load_state_dict(host["data"])
+        self.history = PromptHistory.from_state_dict(
+            host["history"], decay=self.cfg.allocation.decay, num_prompts=self.task.num_prompts
+        )
+        self.scheduler.load_state_dict(host["temperature"])
+        self.consecutive_nonfinite = int(host["loop"]["consecutive_nonfinite"])
+        self.skipped_updates = int(host["loop"]["skipped_updates"])
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+@contextlib.contextmanager
+def _timed(timings: dict, name: str):
+    start = time.perf_counter()
+    yield
+    timings[f"time/{name}"] = time.perf_counter() - start
+
+
+def _allocation_metrics(n: np.ndarray, g_max: int, result) -> dict:
+    return {
+        "alloc/n_mean": float(n.mean()),
+        "alloc/n_std": float(n.std()),
+        "alloc/n_min": int(n.min()),
+        "alloc/n_max": int(n.max()),
+        "alloc/n_hist": np.bincount(n, minlength=g_max + 1).tolist(),
+        "alloc/shortfall": int(result.shortfall),
+        **{k: float(v) for k, v in result.diagnostics.items()},
+    }
+
+
+def generate(tr: Trainer, step: int, timings: dict) -> tuple[np.ndarray, Any, list, float]:
+    """Rows for this step, their allocation, the completions, and the temperature used."""
+    cfg = tr.cfg
+    rows, epoch_ended = tr.data_iter.next_rows(cfg.train.prompts_per_step)
+    if epoch_ended:
+        # The pass over the dataset that just ended closes the allocator's epoch (E3 re-ranks
+        # and widens its bounds; the released heuristic refreshes priorities).
+        tr.allocator.on_epoch_end(tr.history)
+    result = tr.allocator.allocate(rows, tr.history, budget(cfg))
+    temperature = tr.scheduler.current()
+    requests = [
+        Request(int(tr.task.prompt_ids[r]), tr.task.prompt_tokens[r], int(n))
+        for r, n in zip(rows, result.n)
+        if n > 0
+    ]
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        stop_token_ids=tr.task.stop_token_ids,
+        seed=step_seed(cfg.train.seed, step, 0),
+    )
+    with _timed(timings, "generate"):
+        completions = tr.engine.generate(requests, sampling)
+    return rows, result, completions, temperature
+
+
+def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: dict) -> dict:
+    """Rewards, the padded batch arrays, GRPO advantages; all host NumPy except `temperature`."""
+    cfg = tr.cfg
+    with _timed(timings, "score"):
+        rewards = np.zeros(budget(cfg), np.float32)
+        rewards[: len(completions)] = tr.task.score(completions)
+    batch = batching.pack_rollouts(
+        tr.task.tokens_by_id,
+        completions,
+        rows=budget(cfg),
+        seq_len=tr.task.seq_len,
+        pad_id=tr.task.pad_id,
+    )
+    batch["rewards"] = rewards
+    adv_B = sequence_advantages(
+        cfg.loss,
+        rewards,
+        batch["prompt_id"],
+        norm_adv_by_std=cfg.train.norm_adv_by_std,
+        num_groups=cfg.train.prompts_per_step,
+        valid_S=batch["valid"],
+    )
+    batch["advantages"] = np.asarray(adv_B, np.float32)
+    batch["temperature"] = np.float32(temperature)
+    return batch
+
+
+def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
+    """π_old (and π_ref) log-probs at the batch temperature, from the trainer's own forward."""
+    model_in = {k: batch[k] for k in ("tokens", "positions", "attention_mask", "temperature")}
+    with _timed(timings, "old_logprobs"):
+        logp, ent = tr.logprob_fn(tr.state.params, model_in)
+        if tr.ref_params is not None:
+            batch["ref_logp"] = np.asarray(tr.logprob_fn(tr.ref_params, model_in)[0])
+        batch["old_logp"] = np.asarray(logp)
+        entropy = np.asarray(ent)
+    mask = batch["loss_mask"] > 0
+    batch["_entropy_mean"] = float(entropy[mask].mean()) if mask.any() else float("nan")
+
+
+def update(tr: Trainer, batch: dict, step: int, timings: dict) -> dict:
+    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches."""
+    cfg = tr.cfg
+    fields = [f for f in tr.batch_fields if f in batch]
+    train_batch = {f: batch[f] for f in fields}
+    rng = np.random.default_rng(step_seed(cfg.train.seed, step, 1))
+    per_update = []
+    with _timed(timings, "update"):
+        for _ in range(cfg.train.ppo_epochs):
+            rows = budget(cfg)
+            perm = rng.permutation(rows) if cfg.train.shuffle_mini_batches else np.arange(rows)
+            for mb in batching.mini_batches(train_batch, cfg.train.mini_batch_size, perm):
+                if "noise" in tr.batch_fields:  # Clip-Cov's random token pick, keyed by step
+                    mb["noise"] = rng.random(mb["tokens"].shape, dtype=np.float32)
+                tr.state, metrics = tr.train_step(tr.state, mb)
+                per_update.append(metrics)
+        fetched = jax.device_get(per_update)  # one host sync per step, not per update
+    return _reduce_update_metrics(tr, fetched)
+
+
+def _reduce_update_metrics(tr: Trainer, fetched: list[dict]) -> dict:
+    """Mean of each loss metric over the step's updates; counts skipped (non-finite) updates."""
+    out: dict[str, Any] = {}
+    skipped = [bool(m[tr.skip_key]) for m in fetched] if fetched else []
+    for flag in skipped:
+        if flag:
+            tr.consecutive_nonfinite += 1
+            tr.skipped_updates += 1
+        else:
+            tr.consecutive_nonfinite = 0
+    for key in fetched[0] if fetched else ():
+        if key == tr.skip_key:
+            continue
+        values = np.asarray([np.asarray(m[key], np.float64) for m in fetched])
+        out[f"loss/{key}" if "/" not in key else key] = float(values.mean())
+    out["nonfinite/skipped_in_step"] = int(sum(skipped))
+    out["nonfinite/consecutive"] = tr.consecutive_nonfinite
+    return out
+
+
+def rl_step(tr: Trainer, step: int) -> dict:
+    """One RL step (module docstring); returns the step's host-side metrics."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    rows, alloc, completions, temperature = generate(tr, step, timings)
+    batch = score_and_pack(tr, completions, temperature, timings)
+    old_logprobs(tr, batch, timings)
+    metrics = update(tr, batch, step, timings)
+
+    groups = batching.group_stats(batch["prompt_id"], batch["rewards"], batch["valid"])
+    # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
+    row_of_id = {int(tr.task.prompt_ids[r]): int(r) for r in rows}
+    group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
+    tr.history.update(group_rows, groups["count"], groups["correct"], groups["reward_sum"])
+    if np.isfinite(batch["_entropy_mean"]) and batch["_entropy_mean"] > 0:
+        tr.scheduler.update(batch["_entropy_mean"], step)
+
+    with _timed(timings, "weight_push"):
+        tr.engine.update_weights(tr.state.params, step)
+    timings["time/step"] = time.perf_counter() - t0
+
+    valid = batch["valid"]
+    n_resp_tokens = int(batch["response_len"][valid].sum())
+    metrics.update(timings)
+    metrics.update(_allocation_metrics(np.asarray(alloc.n), tr.cfg.allocation.g_max, alloc))
+    metrics.update(
+        {
+            "reward/mean": float(batch["rewards"][valid].mean()),
+            "reward/zero_var_groups": float(groups["zero_variance"].mean()),
+            "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
+            "temperature": float(temperature),
+            "entropy/mean": batch["_entropy_mean"],
+            "response/len_mean": float(batch["response_len"][valid].mean()),
+            "response/stop_share": float(batch["stopped"][valid].mean()),
+            "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
+            "perf/response_tokens": n_resp_tokens,
+            "train/applied_updates": int(jax.device_get(tr.state.step)),
+            "data/epoch": int(tr.history.epochs_completed),
+        }
+    )
+    return metrics
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
+    """Mesh, task, model state, jitted functions, engine, allocator and scheduler."""
+    from dynamo_jax.sharding.forward import make_logprob_fn
+    from dynamo_jax.sharding.state import (
+        init_train_state,
+        train_state_from_params,
+        train_state_shardings,
+    )
+    from dynamo_jax.sharding.step import make_train_step
+
+    mesh = build_mesh(cfg.mesh)
+    task = tasks.build_task(cfg)
+    optimizer = make_optimizer(cfg.optim, cfg.train.steps * updates_per_step(cfg))
+    train_step, state_shardings, batch_shardings = make_train_step(
+        cfg.model,
+        cfg.loss,
+        optimizer,
+        mesh,
+        cfg.mesh.rules,
+        batch_size=cfg.train.mini_batch_size,
+        micro_batches=cfg.train.micro_batches,
+    )
+    rng = jax.random.key(cfg.train.seed)
+    if cfg.init.checkpoint:
+        from dynamo_jax.models.hf_io import load_hf_checkpoint
+
+        shardings = train_state_shardings(cfg.model, optimizer, mesh, cfg.mesh.rules)
+        _, params = load_hf_checkpoint(
+            cfg.init.checkpoint, cfg=cfg.model, shardings=shardings.params
+        )
+        state = train_state_from_params(params, optimizer, shardings)
+    else:
+        state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
+    logprob_fn = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=budget(cfg))
+    ref_params = None
+    if cfg.loss.kl != "none":
+        # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
+        ref_params = jax.tree.map(jnp.copy, state.params)
+    engine = tasks.build_engine(cfg, state.params, mesh, state_shardings.params, workdir)
+    return Trainer(
+        cfg=cfg,
+        mesh=mesh,
+        task=task,
+        engine=engine,
+        allocator=make_allocator(cfg.allocation),
+        history=make_history(cfg.allocation, task.num_prompts),
+        scheduler=TemperatureScheduler(cfg.temperature),
+        data_iter=task.iterator(cfg.train.seed),
+        train_step=train_step,
+        batch_fields=tuple(batch_shardings),
+        skip_key=SKIP_KEY,
+        logprob_fn=logprob_fn,
+        state=state,
+        ref_params=ref_params,
+    )
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class _StopRequest:
+    """First Ctrl-C: finish the step, checkpoint, exit. Second Ctrl-C: stop immediately."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("interrupt: finishing this step, then checkpointing and exiting")
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _checkpoint(tr: Trainer, ckpt: Checkpointer, step: int, writer: MetricsWriter) -> bool:
+    try:
+        ckpt.save(
+            step,
+            state={"train": tr.state, "rng": jax.random.key(tr.cfg.train.seed)},
+            host=tr.host_state(),
+            meta={"step": step, "config": to_json_dict(tr.cfg)},
+        )
+        return True
+    except NonFiniteStateError as err:
+        writer.message(f"step {step}: NOT checkpointed: {err}")
+        return False
+
+
+def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
+    """Resume from the newest intact checkpoint; returns its step (0 for a fresh run)."""
+    abstract = {
+        "train": jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tr.state
+        ),
+        "rng": jax.random.key(tr.cfg.train.seed),
+    }
+    restored = ckpt.restore_latest(abstract)
+    if restored is None:
+        return 0
+    if restored.meta.get("config") != json.loads(json.dumps(to_json_dict(tr.cfg))):
+        log.warning("resuming %s with a config that differs from the checkpoint's", workdir)
+    tr.state = restored.state["train"]
+    tr.load_host_state(restored.host)
+    tr.engine.update_weights(tr.state.params, restored.step)
+    truncate_metrics(workdir, restored.step)
+    log.info("resumed from step %d", restored.step)
+    return restored.step
+
+
+def run(cfg: RunConfig, workdir: str | Path) -> dict:
+    """Train (resuming from `workdir`'s latest checkpoint if any); returns a summary dict."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(json.dumps(to_json_dict(cfg), indent=1))
+    tr = build_trainer(cfg, workdir)
+    ckpt = Checkpointer(workdir / "checkpoints", cfg.checkpoint)
+    start = _restore(tr, ckpt, workdir)
+    writer = MetricsWriter(workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start)
+    stop = _StopRequest()
+    previous_handler = signal.signal(signal.SIGINT, stop) if _main_thread() else None
+    status, step = "finished", start
+    try:
+        for step in range(start + 1, cfg.train.steps + 1):
+            metrics = rl_step(tr, step)
+            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+                metrics.update(tasks.evaluate(tr, step))
+            writer.write(step, metrics)
+            if tr.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
+                status = "stopped: non-finite updates"
+                writer.message(
+                    f"step {step}: {tr.consecutive_nonfinite} non-finite updates in a row "
+                    f"(train.max_consecutive_nonfinite); stopping"
+                )
+                break
+            last = step == cfg.train.steps or stop.requested
+            if step % cfg.checkpoint.every_steps == 0 or last:
+                _checkpoint(tr, ckpt, step, writer)
+            if stop.requested:
+                status = "interrupted"
+                break
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        ckpt.close()
+        writer.close()
+        tr.engine.close()
+        tr.task.close()
+    if cfg.logging.plots_at_end:
+        from dynamo_jax.plots import write_plots
+
+        write_plots(workdir)
+    return {"status": status, "last_step": step, "skipped_updates": tr.skipped_updates}
+
+
+def dry_run(cfg: RunConfig) -> dict:
+    """The sharding planner on abstract shapes for this config's model, loss, mesh and batch."""
+    from dynamo_jax.sharding.planner import format_report, run_dry_run
+
+    report = run_dry_run(
+        cfg.model,
+        cfg.loss,
+        cfg.mesh,
+        num_devices=cfg.dry_run.num_devices,
+        batch_size=cfg.train.mini_batch_size,
+        seq_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+        micro_batches=cfg.train.micro_batches,
+        device_memory_gb=cfg.dry_run.device_memory_gb,
+        optimizer_factory=functools.partial(
+            make_optimizer, cfg.optim, cfg.train.steps * updates_per_step(cfg)
+        ),
+    )
+    print(format_report(report))
+    return report

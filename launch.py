@@ -1,0 +1,39 @@
+"""Train (or resume) a run: the command-line entry point.
+
+    python launch.py --config configs/tiny.py --workdir workdirs/tiny
+    python launch.py --config configs/qwen25_math_7b.py:baseline=clip_higher --workdir W --dry_run
+    python launch.py --config configs/tiny.py --workdir W --config.train.steps=20
+
+The config file is an ml_collections file (`file.py:arg` passes `arg` to its `get_config`), locked
+so a misspelt override fails. A workdir holding checkpoints is resumed from its latest one.
+`--dry_run` builds the mesh, shardings and the jitted step on abstract shapes and prints the
+memory plan, without loading weights or data.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "ml_collections config file (configs/*.py[:arg]).", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Plan shardings and memory on abstract shapes only.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+    del argv
+    from dynamo_jax import train
+    from dynamo_jax.config import from_config_dict
+
+    run_config = from_config_dict(_CONFIG.value)
+    if _DRY_RUN.value:
+        train.dry_run(run_config)
+        return
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required unless --dry_run")
+    train.run(run_config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
