@@ -1,1 +1,74 @@
-"""losses"""
+"""Losses: chunked log-probs/entropy, GRPO advantages, DynaMO modulation, baselines.
+
+Specification: ALGORITHM.md §1–4 and §7. All functions are pure and jittable.
+
+How a train step uses this package (one optimizer mini-batch; rows = responses, [B, L]):
+
+    cfg = LossConfig.preset("dynamo")                 # or "grpo", "clip_cov", ... (§7)
+    loss_fn = build_loss_fn(cfg)                      # baseline chosen once, here
+
+    # log π, H (and K when cfg.needs_k) from final hidden states and the unembedding, at the
+    # batch's temperature; inside a jit over a mesh with the vocab on the "tensor" axis:
+    logp_N, ent_N, k_N = sharded_token_logprobs_entropy(
+        hidden_NxD, w_DxV, targets_N, temperature, mesh=mesh, return_k=cfg.needs_k)
+    # (inside your own shard_map: token_logprobs_entropy(..., vocab_axis="tensor"))
+
+    batch = TokenBatch(logp, old_logp, ent, adv, mask, k=k)   # each [B, L]
+    stats = minibatch_stats(stop_gradient(whole mini-batch), cfg)   # global reductions
+    for micro in micro_batches:                                     # rows of the mini-batch
+        loss, metrics = loss_fn(micro, stats)    # already divided by the mini-batch normaliser
+        # sum losses/grads over micro-batches; combine_metrics(...) the metrics
+
+Sequence advantages: `grpo_advantages(rewards_S, group_ids_S, ...)` (groups by prompt id,
+variable sizes) or `sequence_advantages(cfg, ...)`, which also covers W-REINFORCE.
+Clip-Cov needs `TokenBatch.noise` (U[0, 1) per token, drawn once per mini-batch); the KL
+penalty needs `TokenBatch.ref_logp`. Gradients flow through `logp` and `ent` only.
+
+Metrics: `finalize_metrics(combine_metrics(m1, m2))` → clip_frac_low/high, beta_comp_mean,
+beta_stab_mean, frac_damped, entropy_mean/min/max, approx_kl_mean, tokens, sequences, losses.
+"""
+
+from dynamo_jax.losses.advantages import (
+    grpo_advantages,
+    sequence_advantages,
+    w_reinforce_advantages,
+)
+from dynamo_jax.losses.batch import ModStats, TokenBatch
+from dynamo_jax.losses.config import BASELINES, LossConfig
+from dynamo_jax.losses.logprobs import (
+    naive_token_logprobs_entropy,
+    sharded_token_logprobs_entropy,
+    token_logprobs_entropy,
+)
+from dynamo_jax.losses.modulation import beta_comp, beta_stab, entropy_change_abs, modulate
+from dynamo_jax.losses.policy import (
+    build_loss_fn,
+    clipped_surrogate,
+    combine_metrics,
+    finalize_metrics,
+    policy_loss,
+)
+from dynamo_jax.losses.stats import minibatch_stats
+
+__all__ = [
+    "BASELINES",
+    "LossConfig",
+    "ModStats",
+    "TokenBatch",
+    "beta_comp",
+    "beta_stab",
+    "build_loss_fn",
+    "clipped_surrogate",
+    "combine_metrics",
+    "entropy_change_abs",
+    "finalize_metrics",
+    "grpo_advantages",
+    "minibatch_stats",
+    "modulate",
+    "naive_token_logprobs_entropy",
+    "policy_loss",
+    "sequence_advantages",
+    "sharded_token_logprobs_entropy",
+    "token_logprobs_entropy",
+    "w_reinforce_advantages",
+]

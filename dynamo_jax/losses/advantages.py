@@ -1,0 +1,80 @@
+"""Sequence-level advantages: GRPO with variable group sizes (ALGORITHM.md §2) and W-REINFORCE.
+
+Groups are formed by the prompt's stable id, never by position: responses of one prompt may
+sit anywhere in the batch and each prompt may have its own number of responses n_i.
+Everything is jittable: ids are densified with a fixed-size `jnp.unique`, so the number of
+groups is static (`num_groups`, default S = an upper bound).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import ops
+
+from dynamo_jax.losses.config import LossConfig
+
+
+def _dense_group_index(group_ids_S, valid_S, num_groups):
+    """Map arbitrary prompt ids to 0..G−1; invalid rows go to an extra dump segment G."""
+    ids = jnp.asarray(group_ids_S)
+    # Invalid rows take the id of some valid row so they never create a group of their own.
+    fill = jnp.where(valid_S.any(), ids[jnp.argmax(valid_S)], ids[0])
+    ids = jnp.where(valid_S, ids, fill)
+    _, inverse = jnp.unique(ids, return_inverse=True, size=num_groups, fill_value=fill)
+    return jnp.where(valid_S, inverse.reshape(-1), num_groups)
+
+
+def grpo_advantages(
+    rewards_S,
+    group_ids_S,
+    *,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
+    num_groups: int | None = None,
+    valid_S=None,
+):
+    """A_ij = (R_ij − mean_i) / (std_i + ε) per prompt-id group; float32 [S].
+
+    std is the unbiased sample std; `norm_adv_by_std=False` gives Dr.GRPO's R − mean. A group
+    of one response gets 0. `valid_S` (bool) excludes padding rows (their advantage is 0).
+    `num_groups` must be ≥ the number of distinct ids among valid rows (default: S).
+    """
+    rewards_S = jnp.asarray(rewards_S, jnp.float32)
+    s = rewards_S.shape[0]
+    valid_S = jnp.ones((s,), bool) if valid_S is None else jnp.asarray(valid_S, bool)
+    num_groups = s if num_groups is None else int(num_groups)
+    if num_groups < 1:
+        raise ValueError(f"grpo_advantages: num_groups must be >= 1, got {num_groups}")
+    seg_S = _dense_group_index(group_ids_S, valid_S, num_groups)
+    nseg = num_groups + 1
+    r_S = jnp.where(valid_S, rewards_S, 0.0)
+    count_G = ops.segment_sum(valid_S.astype(jnp.float32), seg_S, nseg)
+    mean_G = ops.segment_sum(r_S, seg_S, nseg) / jnp.maximum(count_G, 1.0)
+    centred_S = jnp.where(valid_S, r_S - mean_G[seg_S], 0.0)
+    if norm_adv_by_std:
+        var_G = ops.segment_sum(centred_S**2, seg_S, nseg) / jnp.maximum(count_G - 1.0, 1.0)
+        adv_S = centred_S / (jnp.sqrt(var_G)[seg_S] + eps)
+    else:
+        adv_S = centred_S
+    # A lone response has no group to compare with: its advantage is 0 (centred_S is 0 already,
+    # the explicit mask documents it and guards the std branch).
+    return jnp.where(valid_S & (count_G[seg_S] > 1.0), adv_S, 0.0)
+
+
+def w_reinforce_advantages(rewards_S, *, lam: float = 0.1, valid_S=None):
+    """W-REINFORCE (Zhu et al. 2025): +λ for correct (R > 0) responses, −1 for incorrect."""
+    rewards_S = jnp.asarray(rewards_S, jnp.float32)
+    adv_S = jnp.where(rewards_S > 0, jnp.float32(lam), jnp.float32(-1.0))
+    return adv_S if valid_S is None else jnp.where(valid_S, adv_S, 0.0)
+
+
+def sequence_advantages(
+    cfg: LossConfig, rewards_S, group_ids_S, *, norm_adv_by_std=True, num_groups=None, valid_S=None
+):
+    """The advantage estimator the configured baseline uses (W-REINFORCE or GRPO)."""
+    if cfg.baseline == "w_reinforce":
+        return w_reinforce_advantages(rewards_S, lam=cfg.w_reinforce_lambda, valid_S=valid_S)
+    return grpo_advantages(
+        rewards_S, group_ids_S, norm_adv_by_std=norm_adv_by_std, num_groups=num_groups,
+        valid_S=valid_S,
+    )  # fmt: skip

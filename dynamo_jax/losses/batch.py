@@ -1,0 +1,95 @@
+"""The per-token inputs of the policy loss and the mini-batch statistics it is normalised by.
+
+Layout: every per-token array is [B, L]: one row per response (sequence), L token positions,
+`mask` true on the response's valid tokens. A micro-batch is a subset of rows, and a device
+shard is a subset of rows too, so per-sequence quantities never cross a split.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# Log-ratios are clamped before exp (as verl does) so a stale or padded token cannot overflow
+# r to inf and turn a zero advantage into NaN; |log r| ≤ 20 is never reached in sane training.
+LOG_RATIO_CLAMP = 20.0
+
+
+class TokenBatch(NamedTuple):
+    """Per-token inputs, all [B, L] (rows are sequences)."""
+
+    logp: jax.Array  # log π(a_t) at the batch temperature; gradient flows
+    old_logp: jax.Array  # log π_old(a_t) (constant)
+    ent: jax.Array  # H_t; gradient flows (entropy_loss baseline)
+    adv: jax.Array  # sequence advantage A broadcast to its tokens (constant)
+    mask: jax.Array  # bool or {0,1}: valid response tokens
+    k: jax.Array | None = None  # K_t of §1 (exact ΔH); constant
+    ref_logp: jax.Array | None = None  # frozen reference policy (KL penalty only)
+    noise: jax.Array | None = None  # U[0,1) per token: Clip-Cov's random pick (clip_cov only)
+
+
+class ModStats(NamedTuple):
+    """Reductions over the WHOLE optimizer mini-batch (all micro-batches, all devices).
+
+    Under a jit over a mesh, the plain jnp reductions in `minibatch_stats` are already global.
+    `threshold` is baseline-specific: the Fork-Tokens entropy quantile, Clip-Cov's noise cut,
+    or KL-Cov's covariance cut (0 otherwise).
+    """
+
+    n_tokens: jax.Array  # valid tokens
+    n_seqs: jax.Array  # sequences with at least one valid token
+    h_min: jax.Array
+    h_max: jax.Array
+    xi_max: jax.Array  # max Ξ_t (§4.2)
+    logp_mean: jax.Array  # mean log π over valid tokens (covariance baselines)
+    adv_mean: jax.Array  # mean A over valid tokens (covariance baselines)
+    threshold: jax.Array
+
+
+def as_mask(mask) -> jax.Array:
+    return jnp.asarray(mask).astype(bool)
+
+
+def masked_sum(x, mask):
+    return jnp.sum(jnp.where(mask, x, 0.0))
+
+
+def masked_mean(x, mask):
+    return masked_sum(x, mask) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def masked_min(x, mask):
+    """Min over valid entries; 0 when there are none (keeps downstream formulas finite)."""
+    return jnp.where(mask.any(), jnp.min(jnp.where(mask, x, jnp.inf)), 0.0)
+
+
+def masked_max(x, mask):
+    return jnp.where(mask.any(), jnp.max(jnp.where(mask, x, -jnp.inf)), 0.0)
+
+
+def log_ratio(logp, old_logp, mask):
+    """log r_t, zero on padding, clamped to ±LOG_RATIO_CLAMP."""
+    d = jnp.where(mask, logp - old_logp, 0.0)
+    return jnp.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def masked_quantile(x, mask, q):
+    """Linear-interpolation quantile of the valid entries (numpy/torch default); +inf if none."""
+    flat = jnp.where(mask, x, jnp.inf).reshape(-1)
+    srt = jnp.sort(flat)
+    n = jnp.sum(mask)
+    pos = q * jnp.maximum(n - 1, 0).astype(jnp.float32)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    val = srt[lo] + (pos - lo) * (srt[hi] - srt[lo])
+    # When lo == hi the product is 0·(inf − inf) = NaN only if srt[lo] is inf (n == 0).
+    return jnp.where(n > 0, jnp.where(hi == lo, srt[lo], val), jnp.inf)
+
+
+def kth_smallest(x, mask, k):
+    """k-th smallest valid entry (k ≥ 1, traced); +inf when fewer than k are valid."""
+    srt = jnp.sort(jnp.where(mask, x, jnp.inf).reshape(-1))
+    idx = jnp.clip(k - 1, 0, srt.shape[0] - 1)
+    return jnp.where(k <= srt.shape[0], srt[idx], jnp.inf)

@@ -1,0 +1,164 @@
+"""`LossConfig`: every hyperparameter of the policy loss, validated once (ALGORITHM.md §3, §4, §7).
+
+Use `LossConfig.preset(name, **overrides)` to get a baseline with its published
+hyperparameters; the plain constructor gives the DynaMO defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+BASELINES = (
+    "grpo",
+    "dynamo",
+    "clip_higher",
+    "entropy_loss",
+    "fork_tokens",
+    "entropy_adv",
+    "clip_cov",
+    "kl_cov",
+    "w_reinforce",
+)
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ENTROPY_CHANGE_MODES = ("exact", "sequence_mean")
+STATS_SCOPES = ("global", "micro_batch")
+KL_ESTIMATORS = ("none", "k1", "k3")
+
+# Published defaults per baseline (§7). Sources:
+#   grpo:         DeepSeekMath (Shao et al. 2024), ε = 0.2 both sides; token-mean as in DynaMO.
+#   dynamo:       DynaMO authors' scripts: ε_low 0.2, effective ε_high 0.28 (their 0.2 × 1.4),
+#                 dual clip c = 10, tied α = 0.4, γ = 50, τ = 0.9.
+#   clip_higher:  DAPO (Yu et al. 2025), ε_low 0.2, ε_high 0.28.
+#   entropy_loss: verl's entropy_coeff default 1e-3.
+#   fork_tokens:  "Beyond the 80/20 Rule" (Wang et al. 2025), top ρ = 20% entropy tokens.
+#   entropy_adv:  "Reasoning with Exploration: An Entropy Perspective" (Cheng et al. 2025),
+#                 κ_1 = 0.4, κ_2 = 2.
+#   clip_cov, kl_cov: "The Entropy Mechanism of RL for Reasoning LMs" (Cui et al. 2025):
+#                 Clip-Cov r = 2e-4, ω ∈ (1, 5); KL-Cov k = 2e-3 (Qwen2.5-7B), β = 1.
+#   w_reinforce:  "The Surprising Effectiveness of Negative Reinforcement" (Zhu et al. 2025), λ = 0.1.
+_PRESETS: dict[str, dict] = {
+    "grpo": dict(clip_low=0.2, clip_high=0.2, dual_clip=None),
+    "dynamo": dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, alpha=0.4, gamma=50.0, tau=0.9),
+    "clip_higher": dict(clip_low=0.2, clip_high=0.28, dual_clip=None),
+    "entropy_loss": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, entropy_coef=1e-3),
+    "fork_tokens": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, fork_top_ratio=0.2),
+    "entropy_adv": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, ent_adv_kappa1=0.4,
+                        ent_adv_kappa2=2.0),
+    "clip_cov": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, clip_cov_ratio=2e-4,
+                     clip_cov_lb=1.0, clip_cov_ub=5.0),
+    "kl_cov": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_cov_ratio=2e-3,
+                   kl_cov_coef=1.0),
+    "w_reinforce": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, w_reinforce_lambda=0.1),
+}  # fmt: skip
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"LossConfig.{name} must be one of {allowed}, got {value!r}")
+
+
+def _check(name: str, ok: bool, what: str, value) -> None:
+    if not ok:
+        raise ValueError(f"LossConfig.{name} must be {what}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Policy-loss hyperparameters. Defaults are the DynaMO preset."""
+
+    baseline: str = "dynamo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = 10.0  # c > 1, applies to Â < 0; None disables
+    loss_agg_mode: str = "token-mean"
+    max_len_norm: int | None = None  # constant divisor of seq-mean-token-sum-norm (Dr.GRPO)
+    # DynaMO modulation (§4); only read when baseline == "dynamo".
+    enable_gc: bool = True
+    enable_ums: bool = True
+    alpha: float = 0.4
+    comp_alpha: float | None = None  # None: tied to alpha
+    stab_alpha: float | None = None  # None: tied to alpha
+    gamma: float = 50.0
+    tau: float = 0.9
+    entropy_change: str = "exact"
+    stats_scope: str = "global"
+    # Baseline hyperparameters (§7); each is only read by its own baseline.
+    entropy_coef: float = 1e-3
+    fork_top_ratio: float = 0.2
+    ent_adv_kappa1: float = 0.4
+    ent_adv_kappa2: float = 2.0
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-3
+    kl_cov_coef: float = 1.0
+    w_reinforce_lambda: float = 0.1
+    # Optional KL penalty to a frozen reference policy (off in both papers).
+    kl: str = "none"
+    kl_coef: float = 1e-3
+
+    def __post_init__(self):
+        _choice("baseline", self.baseline, BASELINES)
+        _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        _choice("entropy_change", self.entropy_change, ENTROPY_CHANGE_MODES)
+        _choice("stats_scope", self.stats_scope, STATS_SCOPES)
+        _choice("kl", self.kl, KL_ESTIMATORS)
+        _check("clip_low", 0.0 <= self.clip_low < 1.0, "in [0, 1)", self.clip_low)
+        _check("clip_high", self.clip_high >= 0.0, ">= 0", self.clip_high)
+        if self.dual_clip is not None:
+            _check("dual_clip", self.dual_clip > 1.0, "None or > 1", self.dual_clip)
+        if self.loss_agg_mode == "seq-mean-token-sum-norm":
+            _check(
+                "max_len_norm",
+                self.max_len_norm is not None and self.max_len_norm >= 1,
+                "a positive int for loss_agg_mode 'seq-mean-token-sum-norm'",
+                self.max_len_norm,
+            )
+        for name in ("alpha", "comp_alpha"):
+            v = getattr(self, name)
+            _check(name, v is None or v >= 0.0, ">= 0", v)
+        for name in ("stab_alpha",):
+            v = getattr(self, name)
+            _check(name, v is None or 0.0 <= v <= 1.0, "in [0, 1] (λ_min = 1 − α_s)", v)
+        _check("alpha", self.stab_alpha is not None or self.alpha <= 1.0,
+               "<= 1 when stab_alpha is tied to it (λ_min = 1 − α)", self.alpha)  # fmt: skip
+        _check("gamma", self.gamma >= 0.0 and math.isfinite(self.gamma), "finite, >= 0", self.gamma)
+        _check("tau", math.isfinite(self.tau), "finite", self.tau)
+        _check("entropy_coef", self.entropy_coef >= 0.0, ">= 0", self.entropy_coef)
+        _check("fork_top_ratio", 0.0 < self.fork_top_ratio <= 1.0, "in (0, 1]", self.fork_top_ratio)
+        _check("ent_adv_kappa1", self.ent_adv_kappa1 >= 0.0, ">= 0", self.ent_adv_kappa1)
+        _check("ent_adv_kappa2", self.ent_adv_kappa2 > 0.0, "> 0", self.ent_adv_kappa2)
+        _check("clip_cov_ratio", 0.0 < self.clip_cov_ratio <= 1.0, "in (0, 1]", self.clip_cov_ratio)
+        _check("clip_cov_ub", self.clip_cov_ub > self.clip_cov_lb, "> clip_cov_lb", self.clip_cov_ub)
+        _check("kl_cov_ratio", 0.0 < self.kl_cov_ratio <= 1.0, "in (0, 1]", self.kl_cov_ratio)
+        _check("kl_cov_coef", self.kl_cov_coef >= 0.0, ">= 0", self.kl_cov_coef)
+        _check("w_reinforce_lambda", self.w_reinforce_lambda >= 0.0, ">= 0",
+               self.w_reinforce_lambda)  # fmt: skip
+        if self.kl != "none":
+            _check("kl_coef", self.kl_coef > 0.0, "> 0 when kl is enabled", self.kl_coef)
+
+    @property
+    def alpha_comp(self) -> float:
+        """α_c of gradient compensation (tied to `alpha` unless `comp_alpha` is set)."""
+        return self.alpha if self.comp_alpha is None else self.comp_alpha
+
+    @property
+    def alpha_stab(self) -> float:
+        """α_s of update-magnitude stabilisation; λ_min = 1 − α_s."""
+        return self.alpha if self.stab_alpha is None else self.stab_alpha
+
+    @property
+    def needs_k(self) -> bool:
+        """Whether the step must ask the log-prob pass for K (exact ΔH of §4.2)."""
+        return (
+            self.baseline == "dynamo"
+            and self.enable_ums
+            and self.entropy_change == "exact"
+        )
+
+    @classmethod
+    def preset(cls, baseline: str, **overrides) -> LossConfig:
+        """The baseline's published hyperparameters, then `overrides` on top."""
+        _choice("baseline", baseline, BASELINES)
+        return cls(baseline=baseline, **{**_PRESETS[baseline], **overrides})

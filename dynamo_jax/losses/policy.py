@@ -1,0 +1,202 @@
+"""Policy loss of one micro-batch, normalised over the whole mini-batch (ALGORITHM.md §3, §4, §7).
+
+`build_loss_fn(cfg)` picks the baseline's advantage and per-token loss ONCE and returns
+`loss_fn(batch, stats) -> (loss, metrics)`; `policy_loss(batch, stats, cfg)` is the same
+thing in one call. The loss is divided by the mini-batch normaliser from `stats`, so summing
+the losses (and gradients) of the micro-batches gives the mini-batch loss exactly.
+
+Metrics are a flat dict of float32 scalars that combine across micro-batches with
+`combine_metrics` (sums and counts add, `*_min`/`*_max` take min/max); `finalize_metrics`
+turns them into means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dynamo_jax.losses import baselines
+from dynamo_jax.losses.batch import (
+    ModStats,
+    TokenBatch,
+    as_mask,
+    log_ratio,
+    masked_max,
+    masked_min,
+    masked_sum,
+)
+from dynamo_jax.losses.config import LossConfig
+from dynamo_jax.losses.modulation import DAMPED_BELOW, modulate, modulation_stats
+
+LossFn = Callable[[TokenBatch, ModStats], tuple[jax.Array, dict]]
+
+
+def clipped_surrogate(adv_hat, r, clip_low, clip_high, dual_clip):
+    """ℓ_t = −min(r Â, clip(r, 1−ε_low, 1+ε_high) Â); with dual clip, min(ℓ_t, −c Â) where Â < 0."""
+    loss = jnp.maximum(-adv_hat * r, -adv_hat * jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high))
+    if dual_clip is not None:
+        loss = jnp.where(adv_hat < 0, jnp.minimum(loss, -dual_clip * adv_hat), loss)
+    return loss
+
+
+def aggregate(loss_BxL, mask_BxL, stats: ModStats, cfg: LossConfig):
+    """This micro-batch's share of the mini-batch aggregate (`loss_agg_mode`)."""
+    if cfg.loss_agg_mode == "token-mean":
+        return masked_sum(loss_BxL, mask_BxL) / jnp.maximum(stats.n_tokens, 1.0)
+    if cfg.loss_agg_mode == "seq-mean-token-mean":
+        seq_sum_B = jnp.sum(jnp.where(mask_BxL, loss_BxL, 0.0), axis=-1)
+        seq_mean_B = seq_sum_B / jnp.maximum(jnp.sum(mask_BxL, axis=-1), 1)
+        return jnp.sum(seq_mean_B) / jnp.maximum(stats.n_seqs, 1.0)
+    # seq-mean-token-sum-norm (Dr.GRPO): token sums over a constant length, mean over sequences.
+    return masked_sum(loss_BxL, mask_BxL) / (jnp.maximum(stats.n_seqs, 1.0) * cfg.max_len_norm)
+
+
+def reference_kl(logp, ref_logp, estimator: str):
+    """Per-token KL(π ‖ π_ref) estimate: k1 = log π − log π_ref; k3 = e^{−k1} + k1 − 1."""
+    k1 = logp - ref_logp
+    return k1 if estimator == "k1" else jnp.exp(-k1) + k1 - 1.0
+
+
+def _advantage_fn(cfg: LossConfig):
+    """Per-token Â (and β_comp, β_stab for the metrics) for the configured baseline."""
+    if cfg.baseline == "dynamo":
+
+        def dynamo(batch, stats):
+            h_min, h_max, xi_max = stats.h_min, stats.h_max, stats.xi_max
+            if cfg.stats_scope == "micro_batch":  # authors' per-micro-batch parity mode (§4.3)
+                h_min, h_max, xi_max = modulation_stats(batch, cfg)
+            return modulate(batch, h_min, h_max, xi_max, cfg)
+
+        return dynamo
+    if cfg.baseline == "entropy_adv":
+
+        def entropy_adv(batch, stats):
+            ones = jnp.ones_like(batch.adv, dtype=jnp.float32)
+            adv = baselines.entropy_adv_advantage(
+                batch.adv, batch.ent, cfg.ent_adv_kappa1, cfg.ent_adv_kappa2
+            )
+            return adv, ones, ones
+
+        return entropy_adv
+
+    def plain(batch, stats):
+        ones = jnp.ones_like(batch.adv, dtype=jnp.float32)
+        return jnp.asarray(batch.adv, jnp.float32), ones, ones
+
+    return plain
+
+
+def _token_loss_fn(cfg: LossConfig):
+    """Per-token policy-gradient loss ℓ_t(batch, stats, Â, r, log r) for the baseline."""
+    surrogate = lambda adv_hat, r: clipped_surrogate(
+        adv_hat, r, cfg.clip_low, cfg.clip_high, cfg.dual_clip
+    )
+    if cfg.baseline == "fork_tokens":
+        return lambda b, s, a, r, lr: jnp.where(
+            lax.stop_gradient(b.ent) >= s.threshold, surrogate(a, r), 0.0
+        )
+    if cfg.baseline == "clip_cov":
+
+        def clip_cov(b, s, a, r, lr):
+            r_sg = lax.stop_gradient(r)
+            cand = baselines.clip_cov_candidates(b, r_sg, s.logp_mean, s.adv_mean, cfg)
+            detached = cand & (baselines.require_noise(b) <= s.threshold)
+            return jnp.where(detached, 0.0, surrogate(a, r))
+
+        return clip_cov
+    if cfg.baseline == "kl_cov":
+
+        def kl_cov(b, s, a, r, lr):
+            cov = baselines.token_covariance(b.logp, b.adv, s.logp_mean, s.adv_mean)
+            penalised = as_mask(b.mask) & (cov >= s.threshold)
+            return -a * r + jnp.where(penalised, cfg.kl_cov_coef * jnp.abs(lr), 0.0)
+
+        return kl_cov
+    return lambda b, s, a, r, lr: surrogate(a, r)
+
+
+def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
+    f = lambda x: masked_sum(jnp.asarray(x, jnp.float32), mask)
+    ent = lax.stop_gradient(batch.ent)
+    logp = lax.stop_gradient(batch.logp)
+    m = {
+        "tokens": jnp.sum(mask).astype(jnp.float32),
+        "sequences": jnp.sum(mask.any(axis=-1)).astype(jnp.float32),
+        "clip_low_sum": f((adv_hat < 0) & (r < 1.0 - cfg.clip_low)),
+        "clip_high_sum": f((adv_hat > 0) & (r > 1.0 + cfg.clip_high)),
+        "beta_comp_sum": f(b_comp),
+        "beta_stab_sum": f(b_stab),
+        "damped_sum": f(b_stab < DAMPED_BELOW),
+        "entropy_sum": f(ent),
+        "entropy_min": masked_min(ent, mask),
+        "entropy_max": masked_max(ent, mask),
+        "approx_kl_sum": f(batch.old_logp - logp),
+    }
+    m.update({k: lax.stop_gradient(v) for k, v in parts.items()})
+    return {k: jnp.asarray(v, jnp.float32) for k, v in m.items()}
+
+
+def build_loss_fn(cfg: LossConfig) -> LossFn:
+    """Choose the baseline once; return `loss_fn(batch, stats) -> (loss, metrics)` (jittable)."""
+    advantage = _advantage_fn(cfg)
+    token_loss = _token_loss_fn(cfg)
+
+    def loss_fn(batch: TokenBatch, stats: ModStats):
+        mask = as_mask(batch.mask)
+        lr = log_ratio(batch.logp, batch.old_logp, mask)
+        r = jnp.exp(lr)
+        adv_hat, b_comp, b_stab = advantage(batch, stats)
+        pg_loss = aggregate(token_loss(batch, stats, adv_hat, r, lr), mask, stats, cfg)
+        parts = {"pg_loss": pg_loss}
+        loss = pg_loss
+        if cfg.baseline == "entropy_loss":
+            parts["entropy_loss"] = aggregate(batch.ent, mask, stats, cfg)
+            loss = loss - cfg.entropy_coef * parts["entropy_loss"]
+        if cfg.kl != "none":
+            if batch.ref_logp is None:
+                raise ValueError(f"LossConfig.kl={cfg.kl!r} needs TokenBatch.ref_logp")
+            kl_t = reference_kl(batch.logp, jnp.where(mask, batch.ref_logp, batch.logp), cfg.kl)
+            parts["ref_kl"] = aggregate(kl_t, mask, stats, cfg)
+            loss = loss + cfg.kl_coef * parts["ref_kl"]
+        parts["loss"] = loss
+        return loss, _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts)
+
+    return loss_fn
+
+
+def policy_loss(batch: TokenBatch, stats: ModStats, cfg: LossConfig):
+    """(loss contribution of this micro-batch, metrics); see `build_loss_fn`."""
+    return build_loss_fn(cfg)(batch, stats)
+
+
+_SUMMED_BY = {"_min": jnp.minimum, "_max": jnp.maximum}
+
+
+def combine_metrics(a: dict, b: dict) -> dict:
+    """Merge the metrics of two micro-batches (or devices' host copies) of one mini-batch."""
+    out = {}
+    for k in a:
+        op = next((f for suf, f in _SUMMED_BY.items() if k.endswith(suf)), jnp.add)
+        if k.startswith("entropy_m"):  # an empty micro-batch reports 0: don't let it win
+            out[k] = jnp.where(a["tokens"] == 0, b[k], jnp.where(b["tokens"] == 0, a[k], op(a[k], b[k])))
+        else:
+            out[k] = op(a[k], b[k])
+    return out
+
+
+def finalize_metrics(m: dict) -> dict:
+    """Turn `*_sum` entries into per-token means (`*_mean`); other entries pass through."""
+    n = jnp.maximum(m["tokens"], 1.0)
+    out = {}
+    for k, v in m.items():
+        if k.endswith("_sum"):
+            name = k[: -len("_sum")]
+            name = {"clip_low": "clip_frac_low", "clip_high": "clip_frac_high",
+                    "damped": "frac_damped"}.get(name, name + "_mean")  # fmt: skip
+            out[name] = v / n
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,181 @@
+"""Float64 NumPy reference of ALGORITHM.md §1–4 and §7, written from the text, token by token.
+
+Deliberately simple (explicit loops, full softmax, python grouping) and independent of the JAX
+code's structure: it sees the whole mini-batch at once and knows nothing of micro-batches,
+devices, blocks or thresholds. Inputs are per-token arrays [B, L] with a boolean mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+LOG_RATIO_CLAMP = 20.0  # the project's stated choice (verl's), see dynamo_jax/losses/batch.py
+
+
+def logprobs_entropy_k(hidden, w, targets, temperature):
+    """§1 with a full float64 softmax: log π(a), H, K = Σ π²(log π + H)."""
+    z = (hidden.astype(np.float64) @ w.astype(np.float64)) / temperature
+    m = z.max(axis=-1, keepdims=True)
+    logpi = z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
+    pi = np.exp(logpi)
+    ent = -(pi * logpi).sum(-1)
+    k = (pi**2 * (logpi + ent[:, None])).sum(-1)
+    return logpi[np.arange(len(targets)), targets], ent, k
+
+
+def grpo_advantages(rewards, group_ids, norm_adv_by_std=True, eps=1e-6):
+    """§2: per prompt id, (R − mean)/(unbiased std + ε) or R − mean; lone responses get 0."""
+    rewards = np.asarray(rewards, np.float64)
+    adv = np.zeros_like(rewards)
+    for gid in set(np.asarray(group_ids).tolist()):
+        idx = [i for i, g in enumerate(group_ids) if g == gid]
+        if len(idx) < 2:
+            continue
+        r = rewards[idx]
+        mean = r.mean()
+        std = r.std(ddof=1)
+        adv[idx] = (r - mean) / (std + eps) if norm_adv_by_std else r - mean
+    return adv
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
+    """§4: returns (Â, β_comp, β_stab) as [B, L] float64 arrays (0 on padding)."""
+    B, L = mask.shape
+    valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
+    hs = [ent[b, t] for b, t in valid]
+    h_min, h_max = (min(hs), max(hs)) if hs else (0.0, 0.0)
+    u = np.exp(logp) * (logp + ent)
+    if cfg.entropy_change == "sequence_mean":
+        kk = np.zeros((B, L))
+        for b in range(B):
+            ts = [t for t in range(L) if mask[b, t]]
+            kk[b, :] = np.mean([u[b, t] for t in ts]) if ts else 0.0
+    else:
+        kk = k
+    xi_abs = np.zeros((B, L))
+    for b, t in valid:
+        r = math.exp(np.clip(logp[b, t] - old_logp[b, t], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        a = adv[b, t]
+        i_clip = (a > 0 and r <= 1 + cfg.clip_high) or (a < 0 and r >= 1 - cfg.clip_low)
+        xi = (r * a) if i_clip else 0.0
+        xi_abs[b, t] = abs(-xi * (u[b, t] - kk[b, t]))
+    xi_max = max((xi_abs[b, t] for b, t in valid), default=0.0)
+    a_c, a_s = cfg.alpha_comp, cfg.alpha_stab
+    lam_min = 1 - a_s
+    bc, bs, ahat = np.zeros((B, L)), np.zeros((B, L)), np.zeros((B, L))
+    for b, t in valid:
+        a = adv[b, t]
+        bc[b, t] = 1 + a_c * (h_max - ent[b, t]) / (h_max - h_min + 1e-8) if a > 0 else 1.0
+        x = xi_abs[b, t] / (xi_max + 1e-8)
+        bs[b, t] = lam_min + (1 - lam_min) * _sigmoid(-cfg.gamma * (x - cfg.tau))
+        if not cfg.enable_gc:
+            bc[b, t] = 1.0
+        if not cfg.enable_ums:
+            bs[b, t] = 1.0
+        ahat[b, t] = a * bc[b, t] * bs[b, t]
+    return ahat, bc, bs
+
+
+def _clipped(a, r, cfg):
+    loss = -min(r * a, min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high) * a)
+    if cfg.dual_clip is not None and a < 0:
+        loss = min(loss, -cfg.dual_clip * a)
+    return loss
+
+
+def _aggregate(per_token, mask, cfg):
+    B, L = mask.shape
+    n_tok = int(mask.sum())
+    seqs = [b for b in range(B) if mask[b].any()]
+    if cfg.loss_agg_mode == "token-mean":
+        return sum(per_token[b, t] for b in range(B) for t in range(L) if mask[b, t]) / max(n_tok, 1)
+    if cfg.loss_agg_mode == "seq-mean-token-mean":
+        means = [np.mean([per_token[b, t] for t in range(L) if mask[b, t]]) for b in seqs]
+        return sum(means) / max(len(seqs), 1)
+    sums = [sum(per_token[b, t] for t in range(L) if mask[b, t]) for b in seqs]
+    return sum(sums) / (max(len(seqs), 1) * cfg.max_len_norm)
+
+
+def _covariance(logp, adv, mask):
+    vl, va = logp[mask], adv[mask]
+    return (adv - va.mean()) * (logp - vl.mean()) if mask.any() else np.zeros_like(adv)
+
+
+def policy_loss(inp: dict, cfg):
+    """The mini-batch loss of §3/§4/§7 and the per-token Â; `inp` holds [B, L] arrays."""
+    logp, old, ent, adv = (np.asarray(inp[k], np.float64) for k in ("logp", "old_logp", "ent", "adv"))
+    mask = np.asarray(inp["mask"], bool)
+    B, L = mask.shape
+    n_tok = int(mask.sum())
+    log_r = np.clip(np.where(mask, logp - old, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    r = np.exp(log_r)
+    ahat = adv.copy()
+    if cfg.baseline == "dynamo":
+        k = None if inp.get("k") is None else np.asarray(inp["k"], np.float64)
+        ahat, _, _ = dynamo_modulation(logp, old, ent, adv, mask, k, cfg)
+    elif cfg.baseline == "entropy_adv":
+        ahat = adv + np.minimum(cfg.ent_adv_kappa1 * ent, np.abs(adv) / cfg.ent_adv_kappa2)
+    per_tok = np.zeros((B, L))
+    for b in range(B):
+        for t in range(L):
+            if mask[b, t]:
+                per_tok[b, t] = _clipped(ahat[b, t], r[b, t], cfg)
+    if cfg.baseline == "fork_tokens":
+        thr = np.quantile(ent[mask], 1 - cfg.fork_top_ratio) if n_tok else np.inf
+        per_tok = np.where(ent >= thr, per_tok, 0.0)
+    elif cfg.baseline == "clip_cov":
+        cov = _covariance(logp, adv, mask)
+        clipped = np.array(
+            [[-adv[b, t] * min(max(r[b, t], 1 - cfg.clip_low), 1 + cfg.clip_high) > -adv[b, t] * r[b, t]
+              for t in range(L)] for b in range(B)]
+        )  # fmt: skip
+        cand = [(b, t) for b in range(B) for t in range(L)
+                if mask[b, t] and not clipped[b, t] and cfg.clip_cov_lb < cov[b, t] < cfg.clip_cov_ub]  # fmt: skip
+        clip_num = max(int(cfg.clip_cov_ratio * n_tok), 1)
+        noise = np.asarray(inp["noise"], np.float64)
+        for b, t in sorted(cand, key=lambda bt: noise[bt])[:clip_num]:
+            per_tok[b, t] = 0.0
+    elif cfg.baseline == "kl_cov":
+        cov = _covariance(logp, adv, mask)
+        per_tok = np.where(mask, -adv * r, 0.0)
+        valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
+        k_num = max(int(cfg.kl_cov_ratio * n_tok), 1)
+        for b, t in sorted(valid, key=lambda bt: -cov[bt])[:k_num]:
+            per_tok[b, t] += cfg.kl_cov_coef * abs(log_r[b, t])
+    loss = _aggregate(per_tok, mask, cfg)
+    if cfg.baseline == "entropy_loss":
+        loss -= cfg.entropy_coef * _aggregate(ent, mask, cfg)
+    if cfg.kl != "none":
+        k1 = logp - np.asarray(inp["ref_logp"], np.float64)
+        kl = k1 if cfg.kl == "k1" else np.exp(-k1) + k1 - 1
+        loss += cfg.kl_coef * _aggregate(kl, mask, cfg)
+    return loss, ahat
+
+
+def random_token_inputs(rng, B=6, L=9, *, ratio_noise=0.3, with_k=True):
+    """Random [B, L] loss inputs with ragged masks, one fully masked row, A = 0 rows."""
+    lengths = rng.integers(1, L + 1, size=B)
+    lengths[1] = 0  # an empty (fully masked) response
+    mask = np.arange(L)[None, :] < lengths[:, None]
+    rewards = rng.integers(0, 2, size=B).astype(np.float64)
+    groups = rng.integers(0, 3, size=B)
+    adv_seq = grpo_advantages(rewards, groups)
+    adv_seq[0] = 0.0  # an A = 0 response
+    logp = -rng.uniform(0.01, 4.0, size=(B, L))
+    inp = {
+        "logp": logp,
+        "old_logp": logp + rng.normal(0.0, ratio_noise, size=(B, L)),
+        "ent": rng.uniform(0.0, 3.0, size=(B, L)),
+        "adv": np.repeat(adv_seq[:, None], L, axis=1),
+        "mask": mask,
+        "k": rng.normal(0.0, 0.2, size=(B, L)) if with_k else None,
+        "ref_logp": logp + rng.normal(0.0, 0.2, size=(B, L)),
+        "noise": rng.uniform(0.0, 1.0, size=(B, L)),
+    }
+    return inp
