@@ -77,9 +77,9 @@ class SidecarConfig:
             raise ValueError(
                 f"SidecarConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(
-                f"SidecarConfig.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}"
+                f"SidecarConfig.dtype must be float32|bfloat16|float16, got {self.dtype!r}"
             )
         if not Path(self.python).is_file():
             raise ValueError(

@@ -1,0 +1,136 @@
+"""Sidecar process supervision: config errors, a sidecar that never gets healthy, no orphans.
+
+The orphan tests run a small "trainer" in a child process (the trainer venv's python), let it
+die in different ways, and check the sidecar it started is gone soon after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hf_fixtures import make_tiny_hf_checkpoint
+
+from dynamo_jax.rollout.sidecar_client import SidecarConfig, SidecarStartError, VLLMSidecarEngine
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
+needs_vllm = pytest.mark.skipif(
+    not Path(VLLM_PYTHON).is_file(),
+    reason=f"no vLLM venv at {VLLM_PYTHON}: run `bash scripts/make_vllm_venv.sh .venv-vllm`",
+)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_hf_checkpoint(tmp_path_factory.mktemp("ckpt"), "qwen3")
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_dead(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("max_restarts", -1, "SidecarConfig.max_restarts"),
+        ("call_timeout_s", 0, "SidecarConfig.call_timeout_s"),
+        ("gpu_memory_utilization", 1.5, "SidecarConfig.gpu_memory_utilization"),
+        ("dtype", "auto", "SidecarConfig.dtype"),
+        ("python", "/nonexistent/python", "SidecarConfig.python"),
+        ("model_path", "/nonexistent", "SidecarConfig.model_path"),
+        ("shm_dir", "/nonexistent", "SidecarConfig.shm_dir"),
+    ],
+)
+def test_config_errors_name_the_field(ckpt, field, value, match):
+    kwargs = dict(python=sys.executable, model_path=str(ckpt))
+    with pytest.raises(ValueError, match=match):
+        SidecarConfig(**{**kwargs, field: value})
+
+
+@needs_vllm
+def test_never_healthy_is_a_clear_error_naming_the_log(ckpt, tmp_path):
+    config = SidecarConfig(
+        python=VLLM_PYTHON, model_path=str(ckpt), dtype="float32", startup_timeout_s=3.0
+    )
+    with pytest.raises(SidecarStartError, match=r"not healthy after 3\.0 s") as err:
+        VLLMSidecarEngine(config, model_cfg=None, workdir=tmp_path)
+    log_path = tmp_path / "vllm_sidecar.log"
+    assert str(log_path) in str(err.value)
+    pid = int(re.search(r"\[sidecar (\d+) ", log_path.read_text()).group(1))
+    assert not alive(pid)  # killed, not left loading vLLM in the background
+
+
+@needs_vllm
+def test_sidecar_that_dies_at_start_reports_exit_code_and_log(tmp_path):
+    bad = tmp_path / "bad_model"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    config = SidecarConfig(
+        python=VLLM_PYTHON, model_path=str(bad), dtype="float32", startup_timeout_s=300
+    )
+    with pytest.raises(SidecarStartError, match="exited with code") as err:
+        VLLMSidecarEngine(config, model_cfg=None, workdir=tmp_path / "work")
+    assert str(tmp_path / "work" / "vllm_sidecar.log") in str(err.value)
+    assert "no_such_architecture" in str(err.value)  # the log's tail carries the cause
+
+
+TRAINER = """
+import os, signal, sys
+from dynamo_jax.rollout import sidecar_client as sc
+config = sc.SidecarConfig(python={python!r}, model_path={model!r}, dtype="float32",
+                          max_model_len=128, enforce_eager=True, max_num_seqs=4)
+how = sys.argv[1]
+if how == "sigkill":  # die with no Python cleanup at all, while the sidecar is still starting
+    proc = sc.spawn(config, {workdir!r} + "/vllm_sidecar.log", {workdir!r} + "/sock")
+    print(proc.popen.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+engine = sc.VLLMSidecarEngine(config, model_cfg=None, workdir={workdir!r})
+print(engine.pid, flush=True)
+raise SystemExit(0)  # exit without close(): the finalizer must clean up
+"""
+
+
+def run_trainer(tmp_path: Path, ckpt: Path, how: str) -> int:
+    script = TRAINER.format(python=VLLM_PYTHON, model=str(ckpt), workdir=str(tmp_path))
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), how],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.stdout.strip(), f"trainer printed no pid; stderr:\n{child.stderr[-3000:]}"
+    return int(child.stdout.split()[0])
+
+
+@needs_vllm
+def test_trainer_killed_with_sigkill_leaves_no_sidecar(ckpt, tmp_path):
+    pid = run_trainer(tmp_path, ckpt, "sigkill")
+    assert wait_dead(pid, timeout_s=15), f"sidecar {pid} outlived its SIGKILLed trainer"
+    assert "trainer closed its pipe" in (tmp_path / "vllm_sidecar.log").read_text()
+
+
+@needs_vllm
+def test_trainer_exiting_without_close_leaves_no_sidecar(ckpt, tmp_path):
+    pid = run_trainer(tmp_path, ckpt, "exit")
+    assert wait_dead(pid, timeout_s=15), f"sidecar {pid} outlived its trainer"
