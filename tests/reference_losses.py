@@ -94,7 +94,9 @@ def _aggregate(per_token, mask, cfg):
     n_tok = int(mask.sum())
     seqs = [b for b in range(B) if mask[b].any()]
     if cfg.loss_agg_mode == "token-mean":
-        return sum(per_token[b, t] for b in range(B) for t in range(L) if mask[b, t]) / max(n_tok, 1)
+        return sum(per_token[b, t] for b in range(B) for t in range(L) if mask[b, t]) / max(
+            n_tok, 1
+        )
     if cfg.loss_agg_mode == "seq-mean-token-mean":
         means = [np.mean([per_token[b, t] for t in range(L) if mask[b, t]]) for b in seqs]
         return sum(means) / max(len(seqs), 1)
@@ -109,7 +111,9 @@ def _covariance(logp, adv, mask):
 
 def policy_loss(inp: dict, cfg):
     """The mini-batch loss of §3/§4/§7 and the per-token Â; `inp` holds [B, L] arrays."""
-    logp, old, ent, adv = (np.asarray(inp[k], np.float64) for k in ("logp", "old_logp", "ent", "adv"))
+    logp, old, ent, adv = (
+        np.asarray(inp[k], np.float64) for k in ("logp", "old_logp", "ent", "adv")
+    )
     mask = np.asarray(inp["mask"], bool)
     B, L = mask.shape
     n_tok = int(mask.sum())

@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_losses as ref
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import reference_losses as ref
 from dynamo_jax.losses import (
     BASELINES,
     LossConfig,
@@ -20,6 +20,8 @@ from dynamo_jax.losses import (
     finalize_metrics,
     minibatch_stats,
     modulate,
+    sharded_token_logprobs_entropy,
+    token_logprobs_entropy,
 )
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -137,7 +139,7 @@ def test_micro_batching_does_not_change_loss_or_gradient(inputs, baseline, agg):
     (loss, m_full), (g_lp, g_ent) = _loss_and_grads(cfg, batch, stats)
     total, metrics, grads = 0.0, None, []
     for rows in (slice(0, 4), slice(4, 8)):  # two micro-batches (one compile)
-        micro = jax.tree.map(lambda x: x[rows], batch)
+        micro = jax.tree.map(lambda x, rows=rows: x[rows], batch)
         (l_m, m_m), g_m = _loss_and_grads(cfg, micro, stats)
         total += l_m
         metrics = m_m if metrics is None else combine_metrics(metrics, m_m)
@@ -185,3 +187,49 @@ def test_loss_adv_and_grad_same_on_one_and_eight_devices(inputs, shape, names):
     assert len(eight[1].sharding.device_set) == 8
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
         assert_close(np.asarray(b), np.asarray(a), atol=1e-7)
+
+
+VOCAB_MESHES = [
+    ((2, 4), ("data", "tensor")),
+    ((2, 2, 2), ("data", "fsdp", "tensor")),
+    ((1, 8), ("data", "tensor")),
+]
+
+
+@pytest.mark.parametrize("shape,names", VOCAB_MESHES, ids=lambda x: str(x))
+def test_end_to_end_from_hidden_states_vocab_sharded(shape, names):
+    """hidden → vocab-sharded log π, H, K → stats → DynaMO loss: loss, Â and the gradient
+    w.r.t. hidden states and unembedding agree between 1 device and an 8-device mesh."""
+    B, L, Dm, Vv = 8, 6, 16, 64
+    rng = np.random.default_rng(11)
+    inp = ref.random_token_inputs(rng, B=B, L=L)
+    hidden = jnp.asarray(rng.normal(size=(B * L, Dm)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(Dm, Vv)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, Vv, size=B * L), jnp.int32)
+    base = to_batch(inp)
+    cfg = cfg_for("dynamo")
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
+
+    def step(hidden, w, mesh):
+        def loss(hidden, w):
+            if mesh is None:
+                lp, ent, k = token_logprobs_entropy(
+                    hidden, w, targets, 0.9, block_size=8, return_k=True
+                )
+            else:
+                lp, ent, k = sharded_token_logprobs_entropy(
+                    hidden, w, targets, 0.9, mesh=mesh, block_size=8, return_k=True
+                )
+            b = base._replace(logp=lp.reshape(B, L), ent=ent.reshape(B, L), k=k.reshape(B, L))
+            stats = minibatch_stats(b, cfg)
+            loss_val, _ = build_loss_fn(cfg)(b, stats)
+            return loss_val, modulate(b, stats.h_min, stats.h_max, stats.xi_max, cfg)[0]
+
+        return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(hidden, w)
+
+    (l1, a1), g1 = jax.jit(lambda h, w: step(h, w, None))(hidden, w)
+    (l8, a8), g8 = jax.jit(lambda h, w: step(h, w, mesh))(hidden, w)
+    assert_close(l8, float(l1))
+    assert_close(np.asarray(a8), np.asarray(a1), atol=1e-6)
+    for a, b in zip(g1, g8):
+        assert_close(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)

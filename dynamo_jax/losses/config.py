@@ -130,7 +130,9 @@ class LossConfig:
         _check("ent_adv_kappa1", self.ent_adv_kappa1 >= 0.0, ">= 0", self.ent_adv_kappa1)
         _check("ent_adv_kappa2", self.ent_adv_kappa2 > 0.0, "> 0", self.ent_adv_kappa2)
         _check("clip_cov_ratio", 0.0 < self.clip_cov_ratio <= 1.0, "in (0, 1]", self.clip_cov_ratio)
-        _check("clip_cov_ub", self.clip_cov_ub > self.clip_cov_lb, "> clip_cov_lb", self.clip_cov_ub)
+        _check(
+            "clip_cov_ub", self.clip_cov_ub > self.clip_cov_lb, "> clip_cov_lb", self.clip_cov_ub
+        )
         _check("kl_cov_ratio", 0.0 < self.kl_cov_ratio <= 1.0, "in (0, 1]", self.kl_cov_ratio)
         _check("kl_cov_coef", self.kl_cov_coef >= 0.0, ">= 0", self.kl_cov_coef)
         _check("w_reinforce_lambda", self.w_reinforce_lambda >= 0.0, ">= 0",
@@ -151,11 +153,7 @@ class LossConfig:
     @property
     def needs_k(self) -> bool:
         """Whether the step must ask the log-prob pass for K (exact ΔH of §4.2)."""
-        return (
-            self.baseline == "dynamo"
-            and self.enable_ums
-            and self.entropy_change == "exact"
-        )
+        return self.baseline == "dynamo" and self.enable_ums and self.entropy_change == "exact"
 
     @classmethod
     def preset(cls, baseline: str, **overrides) -> LossConfig:

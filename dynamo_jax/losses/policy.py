@@ -181,7 +181,9 @@ def combine_metrics(a: dict, b: dict) -> dict:
     for k in a:
         op = next((f for suf, f in _SUMMED_BY.items() if k.endswith(suf)), jnp.add)
         if k.startswith("entropy_m"):  # an empty micro-batch reports 0: don't let it win
-            out[k] = jnp.where(a["tokens"] == 0, b[k], jnp.where(b["tokens"] == 0, a[k], op(a[k], b[k])))
+            out[k] = jnp.where(
+                a["tokens"] == 0, b[k], jnp.where(b["tokens"] == 0, a[k], op(a[k], b[k]))
+            )
         else:
             out[k] = op(a[k], b[k])
     return out
