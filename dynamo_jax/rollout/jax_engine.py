@@ -192,16 +192,33 @@ def _compact_program(state: _State, rows_b: jax.Array) -> _State:
     return state._replace(cache=cache, **fields)
 
 
-def _counted(counter: collections.Counter, name: str, fn):
-    """Wrap `fn` so that each trace (= each new compiled variant under jit) is counted."""
+# Traces per program kind, process-wide. The jitted programs below are module-level so that
+# every engine on the same model shares compiled code; under `jax.jit` a trace happens exactly
+# when a new variant is compiled, and each engine attributes the traces that happen inside its
+# own calls to itself.
+_TRACES: collections.Counter = collections.Counter()
+
+
+def _counted(name: str, fn):
+    """Wrap `fn` so that each trace of it is counted in `_TRACES[name]`."""
 
     def wrapper(*args, **kwargs):
-        counter[name] += 1
+        _TRACES[name] += 1
         return fn(*args, **kwargs)
 
     wrapper.__wrapped__ = fn  # lets jit read the real signature for static_argnames
     wrapper.__name__ = fn.__name__
     return wrapper
+
+
+_PREFILL = jax.jit(
+    _counted("prefill", _prefill_program), static_argnames=("mode", "gen_len", "cache_dtype")
+)
+_DECODE = jax.jit(
+    _counted("decode", _decode_program), static_argnames=("mode",), donate_argnames=("state",)
+)
+# No donation: the output batch is smaller, so no input buffer could be reused.
+_COMPACT = jax.jit(_counted("compact", _compact_program))
 
 
 class JaxEngine:
@@ -250,18 +267,6 @@ class JaxEngine:
         cache_dtype = config.cache_dtype or model_cfg.dtype
         self._cache_dtype = jnp.dtype(cache_dtype)
         self._compilations: collections.Counter = collections.Counter()
-        self._prefill = jax.jit(
-            _counted(self._compilations, "prefill", _prefill_program),
-            static_argnames=("mode", "gen_len", "cache_dtype"),
-        )
-        self._decode = jax.jit(
-            _counted(self._compilations, "decode", _decode_program),
-            static_argnames=("mode",),
-            donate_argnames=("state",),
-        )
-        self._compact = jax.jit(
-            _counted(self._compilations, "compact", _compact_program), donate_argnames=("state",)
-        )
         self._params = None
         self._version = 0
         self._closed = False
@@ -322,9 +327,18 @@ class JaxEngine:
         return out
 
     # -- introspection ----------------------------------------------------------------------
+    def _call(self, name: str, program, *args, **kwargs):
+        """Run a shared jitted program, attributing any compilation it triggers to this engine."""
+        before = _TRACES[name]
+        out = program(*args, **kwargs)
+        self._compilations[name] += _TRACES[name] - before
+        return out
+
     @property
     def num_compilations(self) -> int:
-        """Programs compiled so far (all kinds); bounded by the buckets, not by the calls."""
+        """Programs this engine's calls compiled (all kinds); bounded by the buckets, not by the
+        number of calls. Programs already compiled by another engine on the same model are
+        reused and not counted again."""
         return sum(self._compilations.values())
 
     @property
@@ -353,7 +367,9 @@ class JaxEngine:
         sidx = np.array([r.sample_index for r in group] + [0] * pad, np.int64)
         keys_B = self._place(sampling.row_keys(sp.seed, pids, sidx))
         real_B = np.arange(batch) < len(group)
-        state = self._prefill(
+        state = self._call(
+            "prefill",
+            _PREFILL,
             self._params,
             self._place(tokens_BxP),
             self._place(mask_BxP),
@@ -373,7 +389,7 @@ class JaxEngine:
             if cfg.compact:
                 state, slots = self._maybe_compact(state, slots, done_B, results)
             until = jnp.int32(min(int(state.step) + cfg.decode_chunk, sp.max_new_tokens))
-            state = self._decode(self._params, state, knobs, until, mode=mode)
+            state = self._call("decode", _DECODE, self._params, state, knobs, until, mode=mode)
         _harvest(state, slots, range(len(slots)), results)
         return results
 
@@ -389,7 +405,7 @@ class JaxEngine:
         rows_b = np.concatenate([live, np.full(new_batch - len(live), finished[0])]).astype(
             np.int32
         )
-        state = self._compact(state, jnp.asarray(rows_b))
+        state = self._call("compact", _COMPACT, state, jnp.asarray(rows_b))
         slots = [slots[i] for i in live] + [None] * (new_batch - len(live))
         return state, slots
 
