@@ -1,0 +1,266 @@
+"""Readers for the verl parquet layout and JSONL, with per-row validation.
+
+verl parquet: `data_source` (str), `prompt` (list of {role, content}), `reward_model`
+({ground_truth, style}), optional `rank` (difficulty prior in [0, 1]) and id column.
+JSONL: one object a line with `prompt` (str, or a message list), `answer` (str), `source`
+(str; the file's stem when absent) and an optional id key.
+
+A malformed row raises `DataError` naming the file, the row (parquet: 0-based row; JSONL:
+1-based line) and the field; with on_bad_row="skip" it is counted, logged and dropped instead.
+Ground truths that are present but empty load (6 training rows have one); they are counted in
+the report because no completion can ever be scored correct against them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from dynamo_jax.data.rows import ROLES, Message, Row, content_id, explicit_id
+
+logger = logging.getLogger(__name__)
+
+PARQUET_COLUMNS = ("data_source", "prompt", "reward_model")
+_MAX_LOGGED_SKIPS = 10
+
+
+class DataError(ValueError):
+    """A dataset file or row is malformed."""
+
+
+class _FieldError(Exception):
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"field '{field}': {problem}")
+        self.field = field
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What one `read_rows` call loaded and dropped."""
+
+    path: str
+    loaded: int = 0
+    skipped: int = 0
+    empty_gold: int = 0
+    skip_reasons: list[str] = dataclasses.field(default_factory=list)
+
+
+def detect_format(path: str | Path, fmt: str = "auto") -> str:
+    if fmt != "auto":
+        return fmt
+    suffix = Path(path).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    raise DataError(f"{path}: cannot tell the format from the extension {suffix!r}; set format")
+
+
+def _messages(value, field: str) -> tuple[Message, ...]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise _FieldError(field, "empty prompt")
+        return ({"role": "user", "content": value},)
+    if not isinstance(value, list | tuple):
+        raise _FieldError(
+            field, f"must be a string or a list of messages, got {type(value).__name__}"
+        )
+    if not value:
+        raise _FieldError(field, "empty message list")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise _FieldError(
+                f"{field}[{i}]", f"must be a {{role, content}} object, got {type(message).__name__}"
+            )
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise _FieldError(f"{field}[{i}].role", f"must be one of {ROLES}, got {role!r}")
+        if not isinstance(content, str):
+            raise _FieldError(
+                f"{field}[{i}].content", f"must be a str, got {type(content).__name__}"
+            )
+        messages.append({"role": role, "content": content})
+    if messages[-1]["role"] != "user":
+        raise _FieldError(field, "the last message must be from the user")
+    return tuple(messages)
+
+
+def _string(record: dict, field: str, value, *, allow_empty: bool) -> str:
+    if value is None:
+        raise _FieldError(field, "missing")
+    if not isinstance(value, str):
+        raise _FieldError(field, f"must be a str, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise _FieldError(field, "empty")
+    return value
+
+
+def _rank(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _FieldError("rank", f"must be a number or null, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise _FieldError("rank", f"must lie in [0, 1], got {value}")
+    return float(value)
+
+
+def _parse_parquet_record(record: dict, path: Path) -> tuple:
+    source = _string(record, "data_source", record.get("data_source"), allow_empty=False)
+    messages = _messages(record.get("prompt"), "prompt")
+    reward_model = record.get("reward_model")
+    if not isinstance(reward_model, dict):
+        raise _FieldError(
+            "reward_model", f"must be a {{ground_truth, style}} object, got {reward_model!r}"
+        )
+    gold = _string(
+        record, "reward_model.ground_truth", reward_model.get("ground_truth"), allow_empty=True
+    )
+    return messages, gold, source, _rank(record.get("rank"))
+
+
+def _parse_jsonl_record(record, path: Path) -> tuple:
+    if not isinstance(record, dict):
+        raise _FieldError("<line>", f"must be a JSON object, got {type(record).__name__}")
+    source = record.get("source", path.stem)
+    source = _string(record, "source", source, allow_empty=False)
+    messages = _messages(record.get("prompt"), "prompt")
+    gold = _string(record, "answer", record.get("answer"), allow_empty=True)
+    return messages, gold, source, _rank(record.get("rank"))
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
+    table = pq.read_table(path)
+    missing = [c for c in PARQUET_COLUMNS if c not in table.column_names]
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {missing} (verl layout needs {PARQUET_COLUMNS})"
+        )
+    for i, record in enumerate(table.to_pylist()):
+        yield f"row {i}", record
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"line {number}", json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield f"line {number}", _FieldError("<line>", f"invalid JSON ({exc.msg})")
+
+
+class IdAssigner:
+    """Stable, unique prompt ids across all files of one dataset (see `rows.content_id`)."""
+
+    def __init__(self):
+        self._occurrences: collections.Counter = collections.Counter()
+        self._owner: dict[int, str] = {}
+
+    def assign(
+        self,
+        raw_id,
+        source: str,
+        messages: tuple[Message, ...],
+        gold: str,
+        where: str,
+        id_field: str,
+    ) -> int:
+        if raw_id is not None:
+            try:
+                prompt_id = explicit_id(raw_id)
+            except (TypeError, ValueError) as exc:
+                raise _FieldError(id_field, str(exc)) from None
+        else:
+            key = (source, tuple((m["role"], m["content"]) for m in messages), gold)
+            prompt_id = content_id(source, messages, gold, self._occurrences[key])
+            self._occurrences[key] += 1
+        if prompt_id in self._owner:
+            raise _FieldError(
+                id_field, f"duplicate prompt id {prompt_id} (first at {self._owner[prompt_id]})"
+            )
+        self._owner[prompt_id] = where
+        return prompt_id
+
+
+def read_rows(
+    path: str | Path,
+    *,
+    fmt: str = "auto",
+    on_bad_row: str = "error",
+    id_field: str = "id",
+    start_index: int = 0,
+    ids: IdAssigner | None = None,
+) -> tuple[list[Row], LoadReport]:
+    """Rows of one file (dense indices from `start_index`) and what was loaded/skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    fmt = detect_format(path, fmt)
+    records = _parquet_records(path) if fmt == "parquet" else _jsonl_records(path)
+    parse = _parse_parquet_record if fmt == "parquet" else _parse_jsonl_record
+    ids = ids if ids is not None else IdAssigner()
+    report = LoadReport(str(path))
+    rows: list[Row] = []
+    for where, record in records:
+        try:
+            if isinstance(record, Exception):
+                raise record
+            messages, gold, source, rank = parse(record, path)
+            raw_id = record.get(id_field)
+            prompt_id = ids.assign(raw_id, source, messages, gold, f"{path} {where}", id_field)
+        except _FieldError as exc:
+            message = f"{path}: {where}: {exc}"
+            if on_bad_row == "error":
+                raise DataError(message) from None
+            report.skipped += 1
+            if len(report.skip_reasons) < _MAX_LOGGED_SKIPS:
+                report.skip_reasons.append(message)
+                logger.warning("skipping bad row: %s", message)
+            continue
+        report.empty_gold += not gold.strip()
+        rows.append(Row(prompt_id, start_index + len(rows), messages, gold, source, rank))
+    report.loaded = len(rows)
+    if report.skipped:
+        logger.warning("%s: skipped %d bad row(s), loaded %d", path, report.skipped, report.loaded)
+    if report.empty_gold:
+        logger.warning(
+            "%s: %d row(s) have an empty ground truth (never rewarded)", path, report.empty_gold
+        )
+    return rows, report
+
+
+def load_rows(
+    path: str | Path, *, fmt: str = "auto", on_bad_row: str = "error", id_field: str = "id"
+) -> list[Row]:
+    """Rows of one file; see `read_rows` for the report of skipped rows."""
+    return read_rows(path, fmt=fmt, on_bad_row=on_bad_row, id_field=id_field)[0]
+
+
+def load_files(
+    paths: Sequence[str | Path],
+    *,
+    fmt: str = "auto",
+    on_bad_row: str = "error",
+    id_field: str = "id",
+) -> tuple[list[Row], list[LoadReport]]:
+    """Rows of several files as one dataset: dense indices and unique ids across the files."""
+    ids = IdAssigner()
+    rows: list[Row] = []
+    reports = []
+    for path in paths:
+        more, report = read_rows(
+            path, fmt=fmt, on_bad_row=on_bad_row, id_field=id_field, start_index=len(rows), ids=ids
+        )
+        rows.extend(more)
+        reports.append(report)
+    return rows, reports
