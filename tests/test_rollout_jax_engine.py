@@ -9,10 +9,12 @@ import pytest
 from jax.sharding import Mesh
 from scipy import stats
 
+from dynamo_jax.models.hf_io import load_hf_checkpoint
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import forward, init_params, param_logical_axes
 from dynamo_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from dynamo_jax.rollout.protocol import Request, RolloutEngine, SamplingParams
+from tests.hf_fixtures import make_tiny_hf_checkpoint
 
 
 def vllm_restrict_np(z, k, p):
@@ -76,6 +78,46 @@ def _full_logits(cfg, params, sequences, length=32):
 
 def test_engine_satisfies_protocol(engine):
     assert isinstance(engine, RolloutEngine)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_greedy_equals_transformers_generate_with_mixed_lengths_and_mid_batch_eos(tmp_path, family):
+    import torch
+    import transformers
+
+    path = make_tiny_hf_checkpoint(tmp_path, family, tie=family == "qwen3", vocab=256)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).float().eval()
+    cfg, params = load_hf_checkpoint(path)
+    rng = np.random.default_rng(0)
+    prompts = _prompts(rng, cfg.vocab_size, [2, 7, 13, 4])
+    max_new = 12
+
+    def hf_greedy(prompt, eos):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=0,
+            )
+        return out[0, len(prompt) :].numpy()
+
+    # EOS = the 5th greedy token of prompt 1 (first occurrence): that row stops mid-generation.
+    free = hf_greedy(prompts[1], None)
+    eos = int(free[4])
+    assert eos not in free[:4]
+    want = [hf_greedy(p, eos) for p in prompts]
+    eng = JaxEngine(cfg, params, JaxEngineConfig(min_batch=4))
+    sp = SamplingParams(max_new_tokens=max_new, temperature=0.0, stop_token_ids=(eos,))
+    got = eng.generate([Request(i, p, 1) for i, p in enumerate(prompts)], sp)
+    for c, w in zip(got, want):
+        np.testing.assert_array_equal(c.token_ids, w)
+        assert c.finish_reason == ("stop" if w[-1] == eos and len(w) <= max_new else "length")
+    assert got[1].finish_reason == "stop" and len(got[1].token_ids) == 5
+    assert any(c.finish_reason == "length" for c in got), "no row outlived the EOS row"
 
 
 def test_logprobs_equal_trainer_log_pi_at_temperature(model, engine):
