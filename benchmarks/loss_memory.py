@@ -1,0 +1,180 @@
+"""Memory and time of log-prob + entropy loss-and-grad: chunked JAX vs naive JAX vs PyTorch.
+
+Peer: (b) the naive full-logits JAX version and (c) PyTorch's straightforward
+log_softmax + entropy (how verl computes it without its fused kernel), same inputs.
+Each case runs in its own subprocess so peak RSS figures do not contaminate each other.
+
+    python benchmarks/loss_memory.py                      # T = 2048, 4096 (+16384 chunked only)
+    python benchmarks/loss_memory.py --tokens 512 --no-big           # quick look
+
+Loss: Σ_t c1_t log π(a_t) + c2_t H_t with random c, gradient w.r.t. hidden states and W,
+D = 1536, V = 151,936 (Qwen2.5-1.5B), fp32, temperature 0.7. Prints compiled memory
+(XLA temp = intermediates, the [N, V] arrays live here), peak RSS, and time per loss+grad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+D, V, TEMPERATURE = 1536, 151_936, 0.7
+
+
+def _inputs(n: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    h = (rng.standard_normal((n, D), dtype=np.float32) * 0.5).astype(np.float32)
+    w = (rng.standard_normal((D, V), dtype=np.float32) * 0.05).astype(np.float32)
+    t = rng.integers(0, V, size=n).astype(np.int32)
+    c = rng.standard_normal((2, n), dtype=np.float32)
+    return h, w, t, c
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _time(fn, reps: int) -> tuple[float, object]:
+    # JAX is compiled ahead of time (AOT), so the first call is already a steady-state call;
+    # on a shared 2-core machine each loss+grad takes minutes, so no extra warm-up call.
+    out, best = None, float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def run_jax(impl: str, n: int, reps: int, block_size: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from dynamo_jax.losses import naive_token_logprobs_entropy, token_logprobs_entropy
+
+    h, w, t, c = (jnp.asarray(x) for x in _inputs(n))
+    if impl == "chunked":
+        f = lambda h, w: token_logprobs_entropy(h, w, t, TEMPERATURE, block_size=block_size)
+    else:
+        f = lambda h, w: naive_token_logprobs_entropy(h, w, t, TEMPERATURE)
+
+    def loss(h, w):
+        logp, ent, _ = f(h, w)
+        return jnp.sum(logp * c[0] + ent * c[1])
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    compiled = step.lower(h, w).compile()
+    ma = compiled.memory_analysis()
+    rss_inputs = _rss_mb()
+
+    def call():
+        value, (gh, gw) = compiled(h, w)
+        return jax.block_until_ready((value, gh, gw))
+
+    secs, (value, gh, gw) = _time(call, reps)
+    return dict(
+        secs=secs, temp_mb=ma.temp_size_in_bytes / 1e6, out_mb=ma.output_size_in_bytes / 1e6,
+        arg_mb=ma.argument_size_in_bytes / 1e6, rss_mb=_rss_mb(), rss_inputs_mb=rss_inputs,
+        loss=float(value), gh_norm=float(jnp.linalg.norm(gh)), gw_norm=float(jnp.linalg.norm(gw)),
+    )  # fmt: skip
+
+
+def run_torch(n: int, reps: int) -> dict:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    h, w, t, c = (torch.from_numpy(x) for x in _inputs(n))
+    t = t.long()
+    rss_inputs = _rss_mb()
+
+    def call():
+        hh = h.clone().requires_grad_(True)
+        ww = w.clone().requires_grad_(True)
+        logits = (hh @ ww) / TEMPERATURE
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, t[:, None])[:, 0]
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        loss = (logp * c[0] + ent * c[1]).sum()
+        loss.backward()
+        return loss.detach(), hh.grad, ww.grad
+
+    secs, (value, gh, gw) = _time(call, reps)
+    return dict(
+        secs=secs, rss_mb=_rss_mb(), rss_inputs_mb=rss_inputs, loss=float(value),
+        gh_norm=float(gh.norm()), gw_norm=float(gw.norm()),
+    )  # fmt: skip
+
+
+def _child(args) -> None:
+    if args.one == "torch":
+        res = run_torch(args.tokens[0], args.reps)
+    else:
+        res = run_jax(args.one, args.tokens[0], args.reps, args.block_size)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def _spawn(impl: str, n: int, args) -> dict | None:
+    cmd = [sys.executable, __file__, "--one", impl, "--tokens", str(n), "--reps", str(args.reps),
+           "--block-size", str(args.block_size)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    print(f"  {impl} T={n} failed (rc {proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return None
+
+
+def _row(impl, n, r) -> str:
+    mem = f"temp {r['temp_mb']:9.1f} MB" if "temp_mb" in r else "temp       n/a   "
+    return (f"{impl:8s} T={n:6d}  {mem}  peak RSS {r['rss_mb']:8.1f} MB "
+            f"(inputs {r['rss_inputs_mb']:7.1f})  time {r['secs']:7.2f} s  "
+            f"loss {r['loss']:.6e}  |dh| {r['gh_norm']:.5e}  |dW| {r['gw_norm']:.5e}")  # fmt: skip
+
+
+def _ratios(n, res) -> None:
+    c, nv, pt = res.get(("chunked", n)), res.get(("naive", n)), res.get(("torch", n))
+    if c and nv:
+        print(f"  T={n}: chunked/naive  temp {c['temp_mb'] / nv['temp_mb']:.4f} "
+              f"(1/{nv['temp_mb'] / c['temp_mb']:.1f})  peak RSS {c['rss_mb'] / nv['rss_mb']:.3f}  "
+              f"RSS above inputs {(c['rss_mb'] - c['rss_inputs_mb']) / (nv['rss_mb'] - nv['rss_inputs_mb']):.3f}  "
+              f"time {c['secs'] / nv['secs']:.3f}")  # fmt: skip
+    if c and pt:
+        print(f"  T={n}: chunked/torch  peak RSS {c['rss_mb'] / pt['rss_mb']:.3f}  "
+              f"RSS above inputs {(c['rss_mb'] - c['rss_inputs_mb']) / (pt['rss_mb'] - pt['rss_inputs_mb']):.3f}  "
+              f"time {c['secs'] / pt['secs']:.3f}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
+    p.add_argument("--big", type=int, default=16384, help="tokens for the chunked-only case")
+    p.add_argument("--no-big", action="store_true")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--one", choices=["chunked", "naive", "torch"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        return _child(args)
+    print(f"D={D} V={V} fp32, T(emp)={TEMPERATURE}, block_size={args.block_size}, "
+          f"reps={args.reps} (best of), cpus={os.cpu_count()}")  # fmt: skip
+    res = {}
+    cases = [(impl, n) for n in args.tokens for impl in ("chunked", "naive", "torch")]
+    if not args.no_big:
+        cases.append(("chunked", args.big))
+    for impl, n in cases:
+        r = _spawn(impl, n, args)
+        if r:
+            res[(impl, n)] = r
+            print(_row(impl, n, r), flush=True)
+    print("ratios (chunked over peer; lower is better):")
+    for n in args.tokens:
+        _ratios(n, res)
+
+
+if __name__ == "__main__":
+    main()
