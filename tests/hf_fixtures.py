@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from transformers.initialization import no_init_weights
 
 
 def make_tiny_hf_model(
@@ -53,8 +54,10 @@ def make_tiny_hf_model(
         model_cls = transformers.Qwen2ForCausalLM
     else:
         raise ValueError(f"unknown family {family!r}")
-    torch.manual_seed(seed)
-    model = model_cls(config).float().eval()
+    # Every weight is overwritten below, so skip transformers' own (slow, at real widths) init.
+    with no_init_weights():
+        model = model_cls(config).float().eval()
+    model.tie_weights()
     _randomize(model, seed)
     return model
 
@@ -63,15 +66,31 @@ def make_tiny_hf_model(
 def _randomize(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
     for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        noise = _noise(p.shape, gen)
         if name.endswith("norm.weight"):
             p.copy_(1.0 + 0.2 * noise)
         elif name.endswith(".bias"):
             p.copy_(0.5 * noise)
         elif "embed_tokens" in name:
-            p.copy_(noise)
+            # Tied: these are also the output weights; 2/sqrt(D) gives logits of a few units,
+            # like a trained model's, at any width (fp32 parity at 1e-4 needs |logits| ~< 30).
+            p.copy_(2.0 * noise / p.shape[1] ** 0.5)
         else:  # [out, in] Linear: unit-variance activations stay unit-variance
             p.copy_(noise / p.shape[1] ** 0.5)
+
+
+_BLOCK_ROWS = 4096
+
+
+def _noise(shape, gen) -> torch.Tensor:
+    """Standard normal noise; a real-width vocab (150k rows) reuses a 4096-row block, each row
+    with its own random scale, which is ~10x cheaper to draw and still unique per row."""
+    if len(shape) != 2 or shape[0] <= 4 * _BLOCK_ROWS:
+        return torch.randn(shape, generator=gen)
+    block = torch.randn((_BLOCK_ROWS, shape[1]), generator=gen)
+    reps = -(-shape[0] // _BLOCK_ROWS)
+    scale = 0.5 + torch.rand((shape[0], 1), generator=gen)
+    return block.repeat(reps, 1)[: shape[0]] * scale
 
 
 def make_tiny_hf_checkpoint(tmpdir, family: str = "qwen3", *, tie: bool = True, **kwargs) -> Path:

@@ -124,11 +124,15 @@ def greedy_generate(
     A reference decoder for tests and smoke runs; the rollout engine has the real sampler.
     """
     cache = init_cache(cfg, tokens_BxL.shape[0], tokens_BxL.shape[1] + max_new_tokens)
-    logits_BxV, cache = jax.jit(prefill, static_argnums=1)(params, cfg, tokens_BxL, mask_BxL, cache)
-    step = jax.jit(decode_step, static_argnums=1)
+    logits_BxV, cache = prefill_jit(params, cfg, tokens_BxL, mask_BxL, cache)
     out = []
     for _ in range(max_new_tokens):
         next_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
         out.append(next_B)
-        logits_BxV, cache = step(params, cfg, next_B, cache)
+        logits_BxV, cache = decode_step_jit(params, cfg, next_B, cache)
     return jnp.stack(out, axis=1)
+
+
+# Shared jitted entry points (cfg static), so every caller reuses one compilation per shape.
+prefill_jit = jax.jit(prefill, static_argnums=1)
+decode_step_jit = jax.jit(decode_step, static_argnums=1)

@@ -349,6 +349,8 @@ def _assemble(read, cfg: ModelConfig, table: list[HFTensor], shardings: Any, tar
 
 def _place(host: np.ndarray, target, sharding) -> jax.Array:
     if sharding is None:
-        return jnp.asarray(host.astype(target))
+        return jnp.asarray(host.astype(target, copy=False))
     # Each device's shard is cut from the host array and converted on its own.
-    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx].astype(target))
+    return jax.make_array_from_callback(
+        host.shape, sharding, lambda idx: host[idx].astype(target, copy=False)
+    )

@@ -1,0 +1,155 @@
+"""The Flax decoder against transformers (the oracle), and its own invariants."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hf_fixtures import hf_logits, make_tiny_hf_model
+
+from dynamo_jax.models import hf_io, qwen
+from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.models.presets import get_preset
+
+# Left padding (row 0), right padding (row 1), no padding (row 2).
+TOKENS = np.array([[0, 0, 5, 6, 7, 9, 11], [3, 1, 4, 1, 5, 0, 0], [1, 2, 3, 4, 5, 200, 17]])
+MASK = np.array([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+
+
+def _state_dict_np(model):
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def _flax_from_hf(model, **overrides):
+    cfg = ModelConfig.from_hf_config(model.config.to_dict(), **overrides)
+    return cfg, hf_io.from_hf_tensors(_state_dict_np(model), cfg)
+
+
+def _flax_logits(params, cfg, tokens=TOKENS, mask=MASK):
+    return np.asarray(qwen.forward(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_logits_match_transformers_with_padding(family, tie):
+    model = make_tiny_hf_model(family, tie=tie, seed=3)
+    cfg, params = _flax_from_hf(model)
+    ref = hf_logits(model, TOKENS, MASK)
+    out = _flax_logits(params, cfg)
+    assert out.dtype == np.float32
+    real = MASK > 0  # padding positions carry no meaning in either implementation
+    assert np.abs(ref[real]).max() > 1.0  # logits are not trivially ~0
+    np.testing.assert_allclose(out[real], ref[real], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "family, widths",
+    [
+        # Qwen2.5-1.5B hidden/heads/mlp/vocab (tied), 2 layers.
+        ("qwen2", dict(hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)),
+        # Qwen3-0.6B hidden/heads/head_dim/mlp/vocab (tied), 2 layers.
+        (
+            "qwen3",
+            dict(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936),
+        ),
+    ],
+)
+def test_logits_match_transformers_at_real_widths(family, widths):
+    model = make_tiny_hf_model(family, tie=True, layers=2, rope_theta=1e6, seed=5, **widths)
+    cfg, params = _flax_from_hf(model)
+    tokens, mask = TOKENS[:2, :5] * 1000 + 7, MASK[:2, :5]  # ids spread over the large vocab
+    ref = hf_logits(model, tokens, mask)
+    del model
+    out = _flax_logits(params, cfg, tokens, mask)
+    real = mask > 0
+    assert np.abs(ref[real]).max() > 1.0
+    np.testing.assert_allclose(out[real], ref[real], atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny3():
+    model = make_tiny_hf_model("qwen3", tie=False, seed=11)
+    return model, _state_dict_np(model)
+
+
+def test_scan_and_unrolled_layers_give_same_logits(tiny3):
+    model, sd = tiny3
+    base = ModelConfig.from_hf_config(model.config.to_dict())
+    scanned = base.replace(scan_layers=True)
+    unrolled = base.replace(scan_layers=False)
+    out_scan = _flax_logits(hf_io.from_hf_tensors(sd, scanned), scanned)
+    out_unrolled = _flax_logits(hf_io.from_hf_tensors(sd, unrolled), unrolled)
+    np.testing.assert_allclose(out_scan, out_unrolled, atol=1e-5, rtol=0)
+
+
+def test_hidden_times_unembedding_is_logits(tiny3):
+    model, sd = tiny3
+    for tie in (False, True):
+        cfg = ModelConfig.from_hf_config(model.config.to_dict(), tie_word_embeddings=tie)
+        tensors = {k: v for k, v in sd.items() if not (tie and k == "lm_head.weight")}
+        params = hf_io.from_hf_tensors(tensors, cfg)
+        pos = qwen.positions_from_mask(MASK)
+        h = qwen.hidden(params, cfg, TOKENS, pos, MASK)
+        assert h.shape == (*TOKENS.shape, cfg.hidden_size)
+        w = qwen.unembedding(params, cfg)
+        expected = params["embed"]["embedding"].T if tie else params["lm_head"]["kernel"]
+        assert w.shape == (cfg.hidden_size, cfg.vocab_size) and np.array_equal(w, expected)
+        np.testing.assert_allclose(h @ w, _flax_logits(params, cfg), atol=1e-5, rtol=0)
+
+
+def test_bf16_compute_close_to_fp32(tiny3):
+    model, sd = tiny3
+    cfg32 = ModelConfig.from_hf_config(model.config.to_dict())
+    cfg16 = cfg32.replace(dtype="bfloat16")
+    params = hf_io.from_hf_tensors(sd, cfg32)  # fp32 params for both
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+    h16 = qwen.hidden(params, cfg16, TOKENS, qwen.positions_from_mask(MASK), MASK)
+    assert h16.dtype == jnp.bfloat16
+    out16, out32 = _flax_logits(params, cfg16), _flax_logits(params, cfg32)
+    assert out16.dtype == np.float32 and np.isfinite(out16).all()
+    real = MASK > 0
+    rel = np.abs(out16[real] - out32[real]).max() / np.abs(out32[real]).max()
+    assert rel < 0.05, rel
+    # bf16 is actually used: the results are not bit-identical to fp32.
+    assert not np.array_equal(out16, out32)
+
+
+def test_remat_policies_give_same_gradients():
+    base = get_preset("tiny-qwen2", num_layers=2)
+    params = qwen.init_params(base, jax.random.key(0))
+    params = jax.tree.map(lambda x: x * 10 if x.ndim > 1 else x, params)
+    pos = qwen.positions_from_mask(MASK)
+    weights = jax.random.normal(jax.random.key(1), (*TOKENS.shape, base.vocab_size))
+
+    def grads(cfg):
+        loss = lambda p: jnp.sum(
+            jax.nn.log_softmax(qwen.forward(p, cfg, TOKENS, pos, MASK)) * weights
+        )
+        return jax.jit(jax.grad(loss))(params)
+
+    ref = grads(base)
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ref)) > 1e-3
+    for policy in ("full", "dots_saveable"):
+        got = grads(base.replace(remat_policy=policy))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), ref, got)
+
+
+def test_param_logical_axes_names_and_ranks():
+    allowed = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers"}
+    is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)
+    for name, scan in (("tiny-qwen3", True), ("tiny-qwen2", False)):
+        cfg = get_preset(name, scan_layers=scan)
+        specs, shapes = qwen.param_logical_axes(cfg), qwen.param_shapes(cfg)
+        flat = jax.tree_util.tree_flatten_with_path(specs, is_leaf=is_spec)[0]
+        assert len(flat) == len(jax.tree.leaves(shapes))
+        for path, spec in flat:
+            shape = shapes
+            for key in path:
+                shape = shape[key.key]
+            assert len(spec) == len(shape.shape) and set(spec) <= allowed, (path, spec)
+            stacked = scan and path[0].key == "layers"
+            assert ("layers" in spec) == stacked and (not stacked or spec[0] == "layers")
+        assert specs["embed"]["embedding"] == jax.sharding.PartitionSpec("vocab", "embed")
+    specs = qwen.param_logical_axes(get_preset("tiny-qwen3"))
+    assert specs["layers"]["attn"]["q_proj"]["kernel"] == jax.sharding.PartitionSpec(
+        "layers", "embed", "heads", "head_dim"
+    )
