@@ -19,6 +19,13 @@ How a train step uses this package (one optimizer mini-batch; rows = responses, 
         loss, metrics = loss_fn(micro, stats)    # already divided by the mini-batch normaliser
         # sum losses/grads over micro-batches; combine_metrics(...) the metrics
 
+`minibatch_stats` applies stop-gradient itself. With ONE micro-batch per mini-batch, call it
+inside the differentiated function on the same batch (no extra forward pass). With gradient
+accumulation, H_min/H_max/max Ξ (and the baselines' thresholds) need the current policy's
+log π/H of the whole mini-batch first: run a no-grad forward over it, then the micro-batches.
+`LossConfig.stats_scope="micro_batch"` instead reproduces the authors' per-micro-batch
+statistics (normalisers stay mini-batch-global).
+
 Sequence advantages: `grpo_advantages(rewards_S, group_ids_S, ...)` (groups by prompt id,
 variable sizes) or `sequence_advantages(cfg, ...)`, which also covers W-REINFORCE.
 Clip-Cov needs `TokenBatch.noise` (U[0, 1) per token, drawn once per mini-batch); the KL

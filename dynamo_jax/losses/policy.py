@@ -172,14 +172,14 @@ def policy_loss(batch: TokenBatch, stats: ModStats, cfg: LossConfig):
     return build_loss_fn(cfg)(batch, stats)
 
 
-_SUMMED_BY = {"_min": jnp.minimum, "_max": jnp.maximum}
+_COMBINE_BY_SUFFIX = {"_min": jnp.minimum, "_max": jnp.maximum}
 
 
 def combine_metrics(a: dict, b: dict) -> dict:
     """Merge the metrics of two micro-batches (or devices' host copies) of one mini-batch."""
     out = {}
     for k in a:
-        op = next((f for suf, f in _SUMMED_BY.items() if k.endswith(suf)), jnp.add)
+        op = next((f for suf, f in _COMBINE_BY_SUFFIX.items() if k.endswith(suf)), jnp.add)
         if k.startswith("entropy_m"):  # an empty micro-batch reports 0: don't let it win
             out[k] = jnp.where(
                 a["tokens"] == 0, b[k], jnp.where(b["tokens"] == 0, a[k], op(a[k], b[k]))
