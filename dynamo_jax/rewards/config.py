@@ -23,11 +23,16 @@ class RewardConfig:
     correct_reward: float = 1.0
     wrong_reward: float = 0.0
     no_answer_reward: float = 0.0
-    # Wall-clock limit per completion. The worker interrupts itself at this point (SIGALRM);
-    # C code that cannot be interrupted (a huge integer power) is killed by the parent after
-    # `kill_grace_s` more seconds and the worker is replaced.
+    # CPU-time limit per completion. CPU time, not wall time, so that a verdict does not depend
+    # on how loaded the machine is (a wall-clock limit on a busy host turns honest answers into
+    # timeouts). The worker interrupts itself at this point (SIGPROF); C code that cannot be
+    # interrupted (a huge integer power) is killed by the parent once the worker has used
+    # `kill_grace_s` more CPU seconds, and the worker is replaced.
     timeout_s: float = 5.0
     kill_grace_s: float = 1.0
+    # Wall-clock cap per completion in the pool, whatever the CPU use: catches a worker that
+    # is blocked or stopped rather than computing.
+    wall_timeout_s: float = 60.0
     # Completions longer than this are not parsed at all (status parse_error).
     max_chars: int = 100_000
     # The extracted final answer is bounded separately: math-verify parses it with an ANTLR
@@ -49,6 +54,11 @@ class RewardConfig:
             raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s}")
         if not self.kill_grace_s > 0:
             raise ValueError(f"RewardConfig.kill_grace_s must be > 0, got {self.kill_grace_s}")
+        if not self.wall_timeout_s >= self.timeout_s + self.kill_grace_s:
+            raise ValueError(
+                f"RewardConfig.wall_timeout_s ({self.wall_timeout_s}) must be >= timeout_s + "
+                f"kill_grace_s ({self.timeout_s + self.kill_grace_s})"
+            )
         for name in ("max_chars", "max_answer_chars", "max_nesting", "num_workers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

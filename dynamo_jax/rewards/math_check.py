@@ -1,13 +1,13 @@
-"""Score one completion against a gold answer with math-verify, inside a time limit.
+"""Score one completion against a gold answer with math-verify, inside a CPU-time limit.
 
 This module runs inside the reward worker processes (and in-process for tests and
-benchmarks). math-verify's own timeouts are switched off and replaced by one SIGALRM deadline
-around the whole item: each of its calls arms `signal.alarm` and cancels it on exit, which would
-cancel an outer deadline, and the caller wants one limit per completion, not per parser call.
+benchmarks). math-verify's own timeouts (wall-clock `signal.alarm` per parser call) are switched
+off and replaced by one CPU-time deadline around the whole item (`ITIMER_PROF` → SIGPROF): the
+caller wants one limit per completion, and CPU time keeps verdicts independent of machine load.
 Our deadline exception derives from `BaseException` so the `except Exception` blocks inside
 math-verify and SymPy cannot swallow it.
 
-SIGALRM cannot interrupt long C calls (a big-integer power such as `9^{9^{9^9}}`); the pool in
+A signal cannot interrupt long C calls (a big-integer power such as `9^{9^{9^9}}`); the pool in
 `scorer.py` kills and replaces a worker that overruns the deadline for that reason.
 """
 
@@ -27,7 +27,7 @@ from dynamo_jax.rewards.verdict import Status, Verdict
 
 
 class _DeadlineExceeded(BaseException):
-    """Raised by SIGALRM at the per-item deadline (BaseException: see module docstring)."""
+    """Raised by SIGPROF at the per-item deadline (BaseException: see module docstring)."""
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -81,13 +81,13 @@ def _time_limit(seconds: float):
     def on_alarm(signum, frame):
         raise _DeadlineExceeded()
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, on_alarm)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _extract(text: str, cfg: RewardConfig) -> tuple[list | None, str | None, Verdict | None]:
@@ -137,7 +137,7 @@ def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
 
 
 def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
-    """Score one completion in this process within `cfg.timeout_s` (main thread only).
+    """Score one completion in this process within `cfg.timeout_s` CPU seconds (main thread).
 
     Never raises for bad completion text: every failure becomes a verdict. A non-string gold is
     a caller bug and raises TypeError.
@@ -146,7 +146,7 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
         raise TypeError(f"gold answer must be a str, got {type(gold).__name__}")
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
-            "score_one enforces its time limit with SIGALRM: call it on the main thread"
+            "score_one enforces its time limit with a signal: call it on the main thread"
         )
     early = precheck(text, cfg)
     if early is not None:
@@ -155,6 +155,6 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
         with _time_limit(cfg.timeout_s):
             return _score_unbounded(text, gold, cfg)
     except _DeadlineExceeded:
-        return make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} s")
+        return make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
     except (Exception, RecursionError, MemoryError) as exc:  # parser bugs on hostile input
         return make_verdict("parse_error", cfg, detail=f"{type(exc).__name__} while parsing")

@@ -6,6 +6,10 @@ dead worker breaks an executor for good (`BrokenProcessPool`). Here every worker
 pipe and one item in flight, so the parent knows which item a dead or hung worker held, gives
 that item a verdict ("timeout" or "parse_error"), and starts a replacement.
 
+Limits are in CPU time (the worker's own SIGPROF deadline, then the parent's kill once the
+worker has used `timeout_s + kill_grace_s` CPU seconds on the item), so verdicts do not depend
+on machine load; `wall_timeout_s` bounds a worker that is blocked or stopped.
+
 Workers use the forkserver (default) or spawn start method: the parent may have JAX loaded,
 and forking a process with JAX's threads is unsafe.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import multiprocessing
+import os
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
@@ -33,10 +38,32 @@ __all__ = ["RewardPool", "Verdict", "score_one"]
 _PRELOAD_MODULE = "dynamo_jax.rewards.preload"
 
 
+# How often an item past its CPU limit in wall time, but not yet in CPU time, is re-checked.
+_POLL_S = 0.1
+
+
 @dataclasses.dataclass
 class _Worker:
     process: multiprocessing.process.BaseProcess
     conn: Connection
+
+
+@dataclasses.dataclass
+class _InFlight:
+    worker: _Worker
+    index: int
+    start_wall: float
+    start_cpu: float | None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc; None elsewhere or if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class RewardPool:
@@ -115,7 +142,7 @@ class RewardPool:
     def _run(self, pending, texts, golds, results) -> None:
         cfg = self.cfg
         idle = list(self._workers)
-        busy: dict[int, tuple[_Worker, int, float]] = {}  # keyed by id(conn)
+        busy: dict[int, _InFlight] = {}  # keyed by id(conn)
         while pending or busy:
             while pending and idle:
                 worker, index = idle.pop(), pending.popleft()
@@ -125,32 +152,53 @@ class RewardPool:
                     idle.append(self._replace(worker))
                     pending.appendleft(index)
                     continue
-                deadline = time.monotonic() + cfg.timeout_s + cfg.kill_grace_s
-                busy[id(worker.conn)] = (worker, index, deadline)
-            wait_s = max(0.0, min(d for _, _, d in busy.values()) - time.monotonic())
-            for conn in wait([w.conn for w, _, _ in busy.values()], timeout=wait_s):
-                worker, index, _ = busy.pop(id(conn))
+                cpu = _cpu_seconds(worker.process.pid)
+                busy[id(worker.conn)] = _InFlight(worker, index, time.monotonic(), cpu)
+            wait_s = min(self._next_check(job, time.monotonic()) for job in busy.values())
+            for conn in wait([job.worker.conn for job in busy.values()], timeout=wait_s):
+                job = busy.pop(id(conn))
                 try:
                     _, verdict = conn.recv()
                 except (EOFError, OSError):
-                    code = worker.process.exitcode
-                    results[index] = make_verdict(
+                    code = job.worker.process.exitcode
+                    results[job.index] = make_verdict(
                         "parse_error", cfg, detail=f"reward worker died (exit code {code})"
                     )
-                    idle.append(self._replace(worker))
+                    idle.append(self._replace(job.worker))
                     continue
-                results[index] = verdict
-                idle.append(worker)
+                results[job.index] = verdict
+                idle.append(job.worker)
             now = time.monotonic()
-            for key, (worker, index, deadline) in list(busy.items()):
-                if now >= deadline:
+            for key, job in list(busy.items()):
+                reason = self._overdue(job, now)
+                if reason is not None:
                     del busy[key]
-                    results[index] = make_verdict(
-                        "timeout",
-                        cfg,
-                        detail=f"worker killed after {cfg.timeout_s + cfg.kill_grace_s} s",
-                    )
-                    idle.append(self._replace(worker))
+                    results[job.index] = make_verdict("timeout", cfg, detail=reason)
+                    idle.append(self._replace(job.worker))
+
+    def _next_check(self, job: _InFlight, now: float) -> float:
+        """Seconds until `job` could be overdue (re-polled while it waits for the CPU)."""
+        wall = now - job.start_wall
+        limit = self.cfg.timeout_s + self.cfg.kill_grace_s
+        if wall < limit:
+            return limit - wall
+        return max(0.0, min(_POLL_S, self.cfg.wall_timeout_s - wall))
+
+    def _overdue(self, job: _InFlight, now: float) -> str | None:
+        """Why `job`'s worker must be killed now, or None.
+
+        The CPU limit is checked against the worker's CPU time (what it actually computed), so a
+        loaded host does not kill honest work; the wall cap catches blocked or stopped workers.
+        """
+        wall = now - job.start_wall
+        if wall >= self.cfg.wall_timeout_s:
+            return f"worker killed after {wall:.1f} s wall-clock"
+        limit = self.cfg.timeout_s + self.cfg.kill_grace_s
+        if wall < limit:
+            return None
+        cpu = _cpu_seconds(job.worker.process.pid)
+        used = wall if cpu is None or job.start_cpu is None else cpu - job.start_cpu
+        return f"worker killed after {used:.1f} CPU s" if used >= limit else None
 
     def close(self) -> None:
         """Stop all workers (politely, then by force). Idempotent."""
