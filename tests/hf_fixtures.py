@@ -113,3 +113,30 @@ def hf_logits(model, tokens, mask):
     with torch.no_grad():
         out = model(input_ids=tokens, attention_mask=mask, position_ids=positions)
     return out.logits.float().numpy()
+
+
+def random_flax_params(cfg, seed: int = 0):
+    """Random Flax parameters for `cfg` drawn on the host from shapes alone (nothing compiles).
+
+    Scales as in `_randomize`: norms ~1 +- 0.2, biases ~0.5, kernels 0.1, embeddings 2/sqrt(D),
+    so logits are O(1-10).
+    """
+    import jax
+    import numpy as np
+
+    from dynamo_jax.models.qwen import param_shapes
+
+    rng = np.random.default_rng(seed)
+
+    def draw(path, s):
+        name = jax.tree_util.keystr(path)
+        noise = rng.standard_normal(s.shape).astype(np.float32)
+        if "scale" in name:
+            return 1.0 + 0.2 * noise
+        if "bias" in name:
+            return 0.5 * noise
+        if "embedding" in name:
+            return 2.0 * noise / cfg.hidden_size**0.5
+        return 0.1 * noise
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(cfg))

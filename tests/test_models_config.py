@@ -5,7 +5,7 @@ import pytest
 import transformers
 
 from dynamo_jax.models.config import ModelConfig
-from dynamo_jax.models.presets import PRESETS, PUBLISHED_NUM_PARAMS, get_preset
+from dynamo_jax.models.presets import PUBLISHED_NUM_PARAMS, get_preset
 from dynamo_jax.models.qwen import param_shapes
 
 

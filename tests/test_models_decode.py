@@ -47,7 +47,7 @@ def test_cached_logits_equal_full_forward_at_every_position(model_and_params):
     cont = rng.integers(1, cfg.vocab_size, size=(PROMPTS.shape[0], NEW)).astype(np.int32)
     tokens = np.concatenate([PROMPTS, cont], axis=1)
     mask = np.concatenate([PROMPT_MASK, np.ones_like(cont)], axis=1)
-    full = np.asarray(qwen.forward(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
+    full = np.asarray(qwen.forward_jit(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
 
     # Same cache size as greedy_generate's, so the jitted functions are reused.
     cache = decode.init_cache(cfg, PROMPTS.shape[0], tokens.shape[1])

@@ -25,7 +25,7 @@ def _flax_from_hf(model, **overrides):
 
 
 def _flax_logits(params, cfg, tokens=TOKENS, mask=MASK):
-    return np.asarray(qwen.forward(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
+    return np.asarray(qwen.forward_jit(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])

@@ -370,6 +370,11 @@ def hidden(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, mask_BxL) -
     )
 
 
+# Jitted shorthands (cfg static) shared by all callers, so equal shapes compile once.
+forward_jit = jax.jit(forward, static_argnums=1)
+hidden_jit = jax.jit(hidden, static_argnums=1)
+
+
 def positions_from_mask(mask_BxL: Array) -> Array:
     """Positions counting only real tokens, so every row starts at 0 whatever its padding."""
     return jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=1) - 1, 0)
