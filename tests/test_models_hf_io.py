@@ -81,6 +81,15 @@ def test_export_loads_in_transformers_with_identical_logits(tmp_path):
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params, params2)
 
 
+def test_export_writes_tokenizer_files(tmp_path):
+    from dynamo_jax.models.tokenizer import load_tokenizer, make_tiny_tokenizer
+
+    cfg = get_preset("tiny-qwen2")
+    tok = make_tiny_tokenizer(vocab_tokens=list("0123456789+="))
+    path = hf_io.save_hf_checkpoint(random_flax_params(cfg), cfg, tmp_path / "m", tokenizer=tok)
+    assert load_tokenizer(path).encode("12+3=15") == tok.encode("12+3=15")
+
+
 def test_bf16_checkpoint_round_trip(tmp_path):
     model = make_tiny_hf_model("qwen3", tie=False, seed=4).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "bf16")
