@@ -217,3 +217,55 @@ def dry_run(num_devices: int = 8, device_memory_gb: float = 80.0) -> mlc.ConfigD
             device_memory_gb=device_memory_gb,  # per-device memory the plan must fit
         )
     )
+
+
+def _data(**fields) -> mlc.ConfigDict:
+    section = dict(
+        task="synthetic",  # "math" (files below) or "synthetic" (generated arithmetic)
+        paths=(),  # training files (verl parquet or JSONL), relative to the repo root
+        eval_paths=(),  # evaluation files (same formats)
+        format="auto",  # auto | parquet | jsonl (auto: by extension)
+        system_prompt="Please reason step by step, and put your final answer within \\boxed{}.",
+        max_prompt_tokens=1024,  # longer prompts are truncated on the left or filtered
+        overflow="truncate_left",  # truncate_left | filter
+        on_bad_row="error",  # error (names file, row, field) | skip (counted and logged)
+        id_field="id",  # column holding a stable row id (else a hash of source + prompt)
+        seed=0,  # data order seed (the epoch iterator's shuffles)
+        synthetic_op="add_mod",  # synthetic task: copy | max | add_mod
+        synthetic_modulus=5,  # synthetic task: answers are one digit in [0, modulus)
+        synthetic_num_rows=0,  # synthetic task: 0 = every distinct problem once
+    )
+    section.update(fields)
+    return mlc.ConfigDict(section)
+
+
+def data_synthetic(max_prompt_tokens: int = 16, **fields) -> mlc.ConfigDict:
+    return _data(task="synthetic", system_prompt="", max_prompt_tokens=max_prompt_tokens, **fields)
+
+
+def data_math(paths, eval_paths=(), max_prompt_tokens: int = 1024, **fields) -> mlc.ConfigDict:
+    return _data(
+        task="math",
+        paths=tuple(paths),
+        eval_paths=tuple(eval_paths),
+        max_prompt_tokens=max_prompt_tokens,
+        **fields,
+    )
+
+
+def reward(num_workers: int = 4) -> mlc.ConfigDict:
+    return mlc.ConfigDict(
+        dict(
+            correct_reward=1.0,  # reward of a verified answer
+            wrong_reward=0.0,  # reward of a wrong/unparseable/timed-out answer
+            no_answer_reward=0.0,  # reward when no final answer could be extracted
+            timeout_s=5.0,  # wall-clock limit per completion (math-verify, SIGALRM in a worker)
+            kill_grace_s=1.0,  # a worker still busy this long after its deadline is replaced
+            max_chars=100_000,  # longer completions are not parsed (reward = wrong_reward)
+            max_answer_chars=4096,  # bound on the extracted answer handed to math-verify
+            max_nesting=64,  # bound on brace nesting of the extracted answer
+            num_workers=num_workers,  # scoring processes
+            start_method="forkserver",  # forkserver | spawn (fork is unsafe once JAX is loaded)
+            worker_memory_mb=2048,  # address-space cap per worker (0 = none)
+        )
+    )

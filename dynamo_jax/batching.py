@@ -28,7 +28,8 @@ def pack_rollouts(
 ) -> dict[str, np.ndarray]:
     """Fixed-shape arrays for `completions` (prompt tokens looked up by prompt id).
 
-    Returns tokens/positions/attention_mask int32 [B, L], loss_mask float32 [B, L], and per row:
+    Returns tokens/positions/attention_mask int32 [B, L], loss_mask and engine_logp (the engine's
+    sampled-token log-probs, for diagnostics) float32 [B, L], and per row:
     valid bool [B], prompt_id int64 [B], response_len int32 [B], stopped bool [B].
     """
     if len(completions) > rows:
@@ -36,6 +37,7 @@ def pack_rollouts(
     tokens_BxL = np.full((rows, seq_len), pad_id, np.int32)
     mask_BxL = np.zeros((rows, seq_len), np.int32)
     loss_BxL = np.zeros((rows, seq_len), np.float32)
+    engine_logp_BxL = np.zeros((rows, seq_len), np.float32)
     valid_B = np.zeros(rows, bool)
     prompt_id_B = np.full(rows, -1, np.int64)
     resp_len_B = np.zeros(rows, np.int32)
@@ -53,6 +55,7 @@ def pack_rollouts(
         tokens_BxL[b, p : p + r] = resp
         mask_BxL[b, : p + r] = 1
         loss_BxL[b, p : p + r] = 1.0  # every response token, the stop token included
+        engine_logp_BxL[b, p : p + r] = c.logprobs
         valid_B[b] = True
         prompt_id_B[b] = c.prompt_id
         resp_len_B[b] = r
@@ -64,6 +67,7 @@ def pack_rollouts(
         "positions": positions_BxL,
         "attention_mask": mask_BxL,
         "loss_mask": loss_BxL,
+        "engine_logp": engine_logp_BxL,
         "valid": valid_B,
         "prompt_id": prompt_id_B,
         "response_len": resp_len_B,

@@ -142,7 +142,7 @@ class DryRunConfig:
 SECTIONS: dict[str, tuple[str, str]] = {
     "model": ("dynamo_jax.models.config", "ModelConfig"),
     "init": (__name__, "InitConfig"),
-    "data": ("dynamo_jax.data", "DataConfig"),
+    "data": ("dynamo_jax.data.config", "DataConfig"),
     "reward": ("dynamo_jax.rewards.config", "RewardConfig"),
     "rollout": (__name__, "RolloutConfig"),
     "jax_engine": ("dynamo_jax.rollout.jax_engine", "JaxEngineConfig"),

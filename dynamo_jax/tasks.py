@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dynamo_jax.rewards.verdict import STATUSES
 from dynamo_jax.rollout.protocol import Completion
 
 
@@ -28,10 +29,10 @@ class Task:
     pad_id: int
     seq_len: int  # max prompt tokens + max new tokens: the trainer's fixed row length
     decode: Callable[[Sequence[int]], str]  # token ids → text (for scoring and eval)
-    scorer: Callable[[list[str], list[str]], np.ndarray]  # (texts, golds) → rewards
-    make_iterator: Callable[[int], Any]  # seed → checkpointable epoch iterator over rows
-    eval_problems: list[dict] = dataclasses.field(default_factory=list)
-    closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    scorer: Any  # RewardPool-like: .score(texts, golds) -> list[Verdict]
+    make_iterator: Callable[[int, int], Any]  # (seed, batch size) → checkpointable EpochIterator
+    eval_rows: list = dataclasses.field(default_factory=list)  # data.Row of the eval problems
+    eval_prompt_tokens: list = dataclasses.field(default_factory=list)  # their prompt ids
 
     def __post_init__(self):
         self.tokens_by_id = {int(i): t for i, t in zip(self.prompt_ids, self.prompt_tokens)}
@@ -43,17 +44,90 @@ class Task:
     def num_prompts(self) -> int:
         return len(self.prompt_ids)
 
-    def iterator(self, seed: int) -> Any:
-        return self.make_iterator(seed)
+    def iterator(self, seed: int, batch_size: int) -> Any:
+        return self.make_iterator(seed, batch_size)
 
-    def score(self, completions: Sequence[Completion]) -> np.ndarray:
+    def score(self, completions: Sequence[Completion]) -> tuple[np.ndarray, dict[str, float]]:
+        """Rewards float32 [len(completions)] and the share of each verdict status."""
         texts = [self.decode(c.token_ids) for c in completions]
         golds = [self._answer_by_id[int(c.prompt_id)] for c in completions]
-        return np.asarray(self.scorer(texts, golds), np.float32)
+        verdicts = self.scorer.score(texts, golds)
+        rewards = np.asarray([v.reward for v in verdicts], np.float32)
+        statuses = [v.status for v in verdicts]
+        shares = {f"reward/{s}_share": statuses.count(s) / max(len(statuses), 1) for s in STATUSES}
+        return rewards, shares
 
     def close(self) -> None:
-        for close in self.closers:
-            close()
+        self.scorer.close()
+
+
+def _stop_ids(tokenizer) -> tuple[int, ...]:
+    """eos plus Qwen's two end markers when the vocabulary has them (base and chat models differ)."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def _load_rows(cfg: Any) -> tuple[Any, list, list, Any]:
+    """(tokenizer, training rows, eval rows, scorer) for the data section's task."""
+    from dynamo_jax import data
+
+    d = cfg.data
+    if d.task == "synthetic":
+        syn = data.SyntheticConfig(
+            d.synthetic_op, d.synthetic_modulus, d.synthetic_num_rows, d.seed
+        )
+        rows = data.make_synthetic_dataset(syn)
+        eval_rows = rows  # the task has no held-out split: evaluation re-asks its problems
+        return data.synthetic_tokenizer(), rows, eval_rows, data.SyntheticScorer(cfg.reward)
+    if not cfg.init.tokenizer:
+        raise ValueError("data.task='math' needs init.tokenizer (an HF tokenizer directory)")
+    from transformers import AutoTokenizer
+
+    from dynamo_jax.rewards import RewardPool
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.init.tokenizer)
+    opts = dict(fmt=d.format, on_bad_row=d.on_bad_row, id_field=d.id_field)
+    rows, _ = data.load_files(d.paths, **opts)
+    eval_rows = data.load_files(d.eval_paths, **opts)[0] if d.eval_paths else []
+    pool = RewardPool(cfg.reward)
+    pool.start()
+    return tokenizer, rows, eval_rows, pool
+
+
+def build_task(cfg: Any) -> Task:
+    """The run's training prompts, scorer and evaluation problems (see the module docstring)."""
+    from dynamo_jax import data
+
+    tokenizer, rows, eval_rows, scorer = _load_rows(cfg)
+    prompts = data.build_prompts(rows, tokenizer, cfg.data)
+    if len(prompts.rows) < cfg.train.prompts_per_step:
+        raise ValueError(
+            f"data: {len(prompts.rows)} usable prompts, fewer than train.prompts_per_step "
+            f"({cfg.train.prompts_per_step})"
+        )
+    eval_prompts = data.build_prompts(eval_rows, tokenizer, cfg.data) if eval_rows else None
+    if cfg.model.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
+            f"vocabulary ({len(tokenizer)})"
+        )
+    return Task(
+        prompt_ids=np.asarray(prompts.prompt_ids, np.int64),
+        prompt_tokens=list(prompts.token_ids),
+        answers=[row.gold for row in prompts.rows],
+        stop_token_ids=_stop_ids(tokenizer),
+        pad_id=int(tokenizer.pad_token_id or 0),
+        seq_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+        decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+        scorer=scorer,
+        make_iterator=lambda seed, size: data.EpochIterator(len(prompts.rows), size, seed),
+        eval_rows=list(eval_prompts.rows) if eval_prompts else [],
+        eval_prompt_tokens=list(eval_prompts.token_ids) if eval_prompts else [],
+    )
 
 
 def build_engine(cfg: Any, params: Any, mesh: Any, param_shardings: Any, workdir: Any) -> Any:
@@ -85,3 +159,56 @@ def build_engine(cfg: Any, params: Any, mesh: Any, param_shardings: Any, workdir
     )
     # Weight version 0 is init.checkpoint itself, which is what `params` were loaded from.
     return VLLMSidecarEngine(sidecar, cfg.model, workdir=workdir)
+
+
+def evaluate(tr: Any, step: int) -> dict[str, float]:
+    """pass@k on the task's evaluation problems with the live engine (temperature 1, top-p 1)."""
+    from dynamo_jax import evaluate as harness
+    from dynamo_jax.rollout.protocol import SamplingParams
+    from dynamo_jax.train import step_seed
+
+    cfg, task = tr.cfg, tr.task
+    limit = cfg.eval.max_problems or len(task.eval_rows)
+    rows, prompts = task.eval_rows[:limit], task.eval_prompt_tokens[:limit]
+    if not rows:
+        return {}
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        stop_token_ids=task.stop_token_ids,
+        seed=step_seed(cfg.train.seed, step, 2),
+    )
+    report = harness.evaluate(
+        tr.engine,
+        rows,
+        prompts,
+        scorer=task.scorer,
+        decode=task.decode,
+        sampling=sampling,
+        n_samples=cfg.eval.n_samples,
+        ks=cfg.eval.ks,
+    )
+    out = harness.metrics(report)
+    out["eval/pass@1"] = out.get(f"eval/{harness.OVERALL}/pass@1", float("nan"))
+    return out
+
+
+def engine_for_checkpoint(cfg: Any, checkpoint: str) -> Any:
+    """A rollout engine holding a checkpoint's weights: a run directory (its latest orbax step)
+    or an HF directory (config.json + safetensors). Used by `python -m dynamo_jax.evaluate`."""
+    from pathlib import Path
+
+    path = Path(checkpoint)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        from dynamo_jax.export import restore_params
+
+        _, params = restore_params(path, cfg, None)
+    else:
+        from dynamo_jax.models.hf_io import load_hf_checkpoint
+
+        _, params = load_hf_checkpoint(path, cfg=cfg.model)
+    if cfg.rollout.engine == "vllm" and not cfg.init.checkpoint:
+        raise ValueError("evaluating with the vLLM engine needs init.checkpoint")
+    # Single device, no mesh: evaluation of a checkpoint needs no sharded training state.
+    return build_engine(cfg, params, None, None, path)

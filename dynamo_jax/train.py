@@ -158,14 +158,11 @@ def _allocation_metrics(n: np.ndarray, g_max: int, result) -> dict:
     }
 
 
-def generate(tr: Trainer, step: int, timings: dict) -> tuple[np.ndarray, Any, list, float]:
-    """Rows for this step, their allocation, the completions, and the temperature used."""
+def generate(tr: Trainer, step: int, timings: dict) -> tuple[Any, Any, list, float]:
+    """The step's data batch, its allocation, the completions, and the temperature used."""
     cfg = tr.cfg
-    rows, epoch_ended = tr.data_iter.next_rows(cfg.train.prompts_per_step)
-    if epoch_ended:
-        # The pass over the dataset that just ended closes the allocator's epoch (E3 re-ranks
-        # and widens its bounds; the released heuristic refreshes priorities).
-        tr.allocator.on_epoch_end(tr.history)
+    data_batch = next(tr.data_iter)
+    rows = data_batch.indices
     result = tr.allocator.allocate(rows, tr.history, budget(cfg))
     temperature = tr.scheduler.current()
     requests = [
@@ -183,15 +180,15 @@ def generate(tr: Trainer, step: int, timings: dict) -> tuple[np.ndarray, Any, li
     )
     with _timed(timings, "generate"):
         completions = tr.engine.generate(requests, sampling)
-    return rows, result, completions, temperature
+    return data_batch, result, completions, temperature
 
 
-def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: dict) -> dict:
+def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: dict):
     """Rewards, the padded batch arrays, GRPO advantages; all host NumPy except `temperature`."""
     cfg = tr.cfg
     with _timed(timings, "score"):
         rewards = np.zeros(budget(cfg), np.float32)
-        rewards[: len(completions)] = tr.task.score(completions)
+        rewards[: len(completions)], verdict_shares = tr.task.score(completions)
     batch = batching.pack_rollouts(
         tr.task.tokens_by_id,
         completions,
@@ -210,7 +207,7 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
     )
     batch["advantages"] = np.asarray(adv_B, np.float32)
     batch["temperature"] = np.float32(temperature)
-    return batch
+    return batch, verdict_shares
 
 
 def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
@@ -224,6 +221,10 @@ def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
         entropy = np.asarray(ent)
     mask = batch["loss_mask"] > 0
     batch["_entropy_mean"] = float(entropy[mask].mean()) if mask.any() else float("nan")
+    # Engine vs trainer log-probs of the sampled tokens: ~0 unless the engine runs other weights
+    # or another sampling distribution (then the "old" policy is not the one that sampled).
+    diff = np.abs(batch["old_logp"] - batch["engine_logp"])[mask]
+    batch["_logp_diff"] = float(diff.mean()) if diff.size else 0.0
 
 
 def update(tr: Trainer, batch: dict, step: int, timings: dict) -> dict:
@@ -270,8 +271,9 @@ def rl_step(tr: Trainer, step: int) -> dict:
     """One RL step (module docstring); returns the step's host-side metrics."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    rows, alloc, completions, temperature = generate(tr, step, timings)
-    batch = score_and_pack(tr, completions, temperature, timings)
+    data_batch, alloc, completions, temperature = generate(tr, step, timings)
+    rows = data_batch.indices
+    batch, verdict_shares = score_and_pack(tr, completions, temperature, timings)
     old_logprobs(tr, batch, timings)
     metrics = update(tr, batch, step, timings)
 
@@ -280,6 +282,10 @@ def rl_step(tr: Trainer, step: int) -> dict:
     row_of_id = {int(tr.task.prompt_ids[r]): int(r) for r in rows}
     group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
     tr.history.update(group_rows, groups["count"], groups["correct"], groups["reward_sum"])
+    if data_batch.epoch_end:
+        # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds, the
+        # released heuristic refreshes its priorities (allocation/policies.py).
+        tr.allocator.on_epoch_end(tr.history)
     if np.isfinite(batch["_entropy_mean"]) and batch["_entropy_mean"] > 0:
         tr.scheduler.update(batch["_entropy_mean"], step)
 
@@ -290,6 +296,7 @@ def rl_step(tr: Trainer, step: int) -> dict:
     valid = batch["valid"]
     n_resp_tokens = int(batch["response_len"][valid].sum())
     metrics.update(timings)
+    metrics.update(verdict_shares)
     metrics.update(_allocation_metrics(np.asarray(alloc.n), tr.cfg.allocation.g_max, alloc))
     metrics.update(
         {
@@ -298,6 +305,7 @@ def rl_step(tr: Trainer, step: int) -> dict:
             "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
             "temperature": float(temperature),
             "entropy/mean": batch["_entropy_mean"],
+            "rollout/engine_logp_abs_diff": batch["_logp_diff"],
             "response/len_mean": float(batch["response_len"][valid].mean()),
             "response/stop_share": float(batch["stopped"][valid].mean()),
             "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
@@ -359,7 +367,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         allocator=make_allocator(cfg.allocation),
         history=make_history(cfg.allocation, task.num_prompts),
         scheduler=TemperatureScheduler(cfg.temperature),
-        data_iter=task.iterator(cfg.train.seed),
+        data_iter=task.iterator(cfg.data.seed, cfg.train.prompts_per_step),
         train_step=train_step,
         batch_fields=tuple(batch_shardings),
         skip_key=SKIP_KEY,
@@ -442,7 +450,8 @@ def run(cfg: RunConfig, workdir: str | Path) -> dict:
         for step in range(start + 1, cfg.train.steps + 1):
             metrics = rl_step(tr, step)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
-                metrics.update(tasks.evaluate(tr, step))
+                with _timed(metrics, "eval"):
+                    metrics.update(tasks.evaluate(tr, step))
             writer.write(step, metrics)
             if tr.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
                 status = "stopped: non-finite updates"
