@@ -18,8 +18,8 @@ Definitions (vLLM's, so switching engines does not change the sampling distribut
 Why no sort: XLA's CPU sort of a 152k vocabulary is ~35 ms per row, which would dominate a
 decode step. Both thresholds are instead found by a 32-step bisection over the order-preserving
 uint32 encoding of float32 (exact, one masked reduction over the vocabulary per step), and a
-token is drawn by inverse-CDF with a two-level cumulative sum (one uniform per row instead of V
-Gumbel draws; ~6x cheaper on CPU).
+token is drawn by inverse-CDF with a two-level cumulative sum done as two small triangular
+matmuls (one uniform per row instead of V Gumbel draws, and no XLA CPU cumsum, which is slow).
 
 Randomness: each row's key is fold_in(key(seed), prompt_id low/high 32 bits, sample_index) and
 each step folds in the step number, so a completion never depends on its position in the batch.
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 _BISECT_STEPS = 32  # uint32 keys: 32 halvings pin the exact threshold.
-_CDF_BLOCK = 512  # inner block of the two-level cumulative sum.
+_PAD_BLOCK = 256  # block of the two-level cumulative sum when the vocabulary has no divisor.
 
 
 def row_keys(seed: int, prompt_ids: np.ndarray, sample_indices: np.ndarray) -> jax.Array:
@@ -115,28 +115,60 @@ def restrict_top_k_top_p(
     return jnp.where(keep_BxV, z_BxV, -jnp.inf)
 
 
-def _inverse_cdf(probs_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
-    """Index drawn from each row's `probs` given uniforms u in [0, 1); never a zero-prob index."""
-    batch, vocab = probs_BxV.shape
-    pad = (-vocab) % _CDF_BLOCK
-    probs = jnp.pad(probs_BxV, ((0, 0), (0, pad)))
-    blocks_BxKxC = probs.reshape(batch, -1, _CDF_BLOCK)
+def _cumsum_by_matmul(x_BxN: jax.Array) -> jax.Array:
+    """Inclusive cumulative sum along the last axis as a matmul with a triangular matrix.
+
+    XLA's CPU cumsum is a slow windowed reduction; for the short axes used here (a few hundred)
+    a [N, N] matmul is both faster and, summing at most N terms, accurate in float32.
+    """
+    n = x_BxN.shape[-1]
+    upper_NxN = jnp.triu(jnp.ones((n, n), x_BxN.dtype))
+    return jnp.dot(x_BxN, upper_NxN, precision=jax.lax.Precision.HIGHEST)
+
+
+def _cdf_block(vocab: int) -> int:
+    """Inner block size for the two-level cumulative sum: a divisor of `vocab` near sqrt(vocab).
+
+    A divisor lets the [B, V] weights be viewed as [B, V/C, C] without a padded copy (the copy
+    alone costs as much as the whole draw on CPU). Both levels are triangular matmuls, so sizes
+    near sqrt(V) balance them; Qwen's 151,936 = 128 * 1187 gives C = 1187.
+    """
+    root = vocab**0.5
+    divisors = [d for d in range(16, min(vocab, 4096) + 1) if vocab % d == 0]
+    if not divisors:
+        return _PAD_BLOCK
+    return min(divisors, key=lambda d: abs(np.log(d / root)))
+
+
+def _inverse_cdf(weights_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
+    """Index drawn with probability proportional to non-negative `weights` (unnormalised),
+    given uniforms u in [0, 1); never an index of zero weight.
+
+    Two levels: pick a block of `_cdf_block(V)` entries by its mass, then an entry inside it, so
+    the only full-vocabulary pass is one reduction.
+    """
+    batch, vocab = weights_BxV.shape
+    block = _cdf_block(vocab)
+    pad = (-vocab) % block
+    if pad:
+        weights_BxV = jnp.pad(weights_BxV, ((0, 0), (0, pad)))
+    blocks_BxKxC = weights_BxV.reshape(batch, -1, block)
     block_mass_BxK = jnp.sum(blocks_BxKxC, axis=-1)
-    block_cdf_BxK = jnp.cumsum(block_mass_BxK, axis=-1)
+    block_cdf_BxK = _cumsum_by_matmul(block_mass_BxK)
     target_B = u_B * block_cdf_BxK[:, -1]
     # First block whose cumulative mass exceeds the target; clamped to the last block with mass
     # because rounding can leave the target at the very top.
-    last_block = _last_positive(block_mass_BxK)
-    block_B = jnp.minimum(jnp.sum(block_cdf_BxK <= target_B[:, None], axis=-1), last_block)
+    block_B = jnp.minimum(
+        jnp.sum(block_cdf_BxK <= target_B[:, None], axis=-1), _last_positive(block_mass_BxK)
+    )
     inner_BxC = jnp.take_along_axis(blocks_BxKxC, block_B[:, None, None], axis=1)[:, 0]
-    before_B = jnp.take_along_axis(block_cdf_BxK, block_B[:, None], axis=1)[:, 0]
-    before_B = before_B - jnp.take_along_axis(block_mass_BxK, block_B[:, None], axis=1)[:, 0]
-    inner_cdf_BxC = jnp.cumsum(inner_BxC, axis=-1)
+    before_B = jnp.take_along_axis(block_cdf_BxK - block_mass_BxK, block_B[:, None], axis=1)[:, 0]
+    inner_cdf_BxC = _cumsum_by_matmul(inner_BxC)
     rest_B = target_B - before_B
     inner_B = jnp.minimum(
         jnp.sum(inner_cdf_BxC <= rest_B[:, None], axis=-1), _last_positive(inner_BxC)
     )
-    return (block_B * _CDF_BLOCK + inner_B).astype(jnp.int32)
+    return (block_B * block + inner_B).astype(jnp.int32)
 
 
 def _last_positive(x_BxN: jax.Array) -> jax.Array:
@@ -163,12 +195,16 @@ def sample_tokens(
     logits = logits_BxV.astype(jnp.float32)
     z_BxV = logits if greedy else logits / temperature
     z_BxV = restrict_top_k_top_p(z_BxV, top_k, top_p, use_top_k=use_top_k, use_top_p=use_top_p)
-    logp_BxV = jax.nn.log_softmax(z_BxV, axis=-1)
+    # One exp pass over the vocabulary serves both the draw (unnormalised weights) and the
+    # log-prob (z_tok - max - log sum); a materialised log_softmax would cost a second one.
+    max_B = jnp.max(z_BxV, axis=-1)
+    weights_BxV = jnp.exp(z_BxV - max_B[:, None])
+    log_total_B = jnp.log(jnp.sum(weights_BxV, axis=-1))
     if greedy:
         # HF/torch and jnp argmax both take the first maximum, so ties resolve identically.
         tokens_B = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
         u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
-        tokens_B = _inverse_cdf(jnp.exp(logp_BxV), u_B)
-    logprobs_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
-    return tokens_B, logprobs_B
+        tokens_B = _inverse_cdf(weights_BxV, u_B)
+    z_tok_B = jnp.take_along_axis(z_BxV, tokens_B[:, None], axis=-1)[:, 0]
+    return tokens_B, z_tok_B - max_B - log_total_B
