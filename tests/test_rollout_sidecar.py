@@ -18,7 +18,12 @@ import pytest
 
 from dynamo_jax.rollout import wire
 from dynamo_jax.rollout.protocol import Request, RolloutEngine, SamplingParams
-from dynamo_jax.rollout.sidecar_client import SidecarConfig, SidecarError, VLLMSidecarEngine
+from dynamo_jax.rollout.sidecar_client import (
+    SidecarConfig,
+    SidecarError,
+    SidecarUnavailable,
+    VLLMSidecarEngine,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
@@ -214,11 +219,13 @@ def test_bad_push_is_an_error_and_the_sidecar_keeps_serving(setup):
     version, restarts = engine.weight_version, engine.restarts
     broken = hf_state(model)
     missing = broken.pop("model.norm.weight")
+    bad_version = version + 777  # names the failed pushes' directories, checked below
     with pytest.raises(SidecarError, match="model.norm.weight"):
-        engine.push_hf_tensors(broken, version=version + 1)
+        engine.push_hf_tensors(broken, version=bad_version)
     broken["model.norm.weight"] = missing[:-1]
     with pytest.raises(SidecarError, match="wrong shape"):
-        engine.push_hf_tensors(broken, version=version + 1)
+        engine.push_hf_tensors(broken, version=bad_version)
+    assert not list(Path(engine.config.shm_dir).glob(f"dynamo-push-v{bad_version}-*"))
     with pytest.raises(ValueError, match="must not go back"):
         engine.push_hf_tensors(hf_state(model), version=version - 1)
     assert engine.weight_version == version and engine.restarts == restarts
@@ -249,12 +256,27 @@ def test_connection_without_the_secret_is_refused(setup):
     assert reply["ok"] is True and after["ok"] is True
 
 
+def test_hung_sidecar_is_detected_by_the_call_timeout(setup):
+    engine, _ = setup
+    process = engine._res.process
+    os.kill(process.popen.pid, signal.SIGSTOP)  # alive but answering nothing: a hang
+    try:
+        start = time.monotonic()
+        with pytest.raises(SidecarUnavailable, match="within 1.0 s"):
+            process.call({"op": "health"}, timeout_s=1.0)
+        assert time.monotonic() - start < 5.0
+    finally:
+        os.kill(process.popen.pid, signal.SIGCONT)
+    # SidecarUnavailable is what `_call` answers with a restart (see the kill -9 test below).
+    assert process.call({"op": "health"}, timeout_s=30.0)["ok"] is True
+
+
 def test_kill_9_mid_generate_restarts_repushes_and_retries(setup):
     engine, model = setup
     base = engine.weight_version
     engine.push_hf_tensors(hf_state(model, scale=0.9), version=base + 1)
     requests = [Request(i, p, 8) for i, p in enumerate(PROMPTS)]
-    sampling = SamplingParams(max_new_tokens=200, temperature=1.0, seed=9)
+    sampling = SamplingParams(max_new_tokens=100, temperature=1.0, seed=9)
     start = time.monotonic()
     expected = _keyed(engine.generate(requests, sampling))
     duration = time.monotonic() - start
@@ -275,3 +297,15 @@ def test_kill_9_mid_generate_restarts_repushes_and_retries(setup):
     assert [c.token_ids.tolist() for c in greedy(engine)] == [
         hf_greedy(model, p, 12) for p in PROMPTS
     ]
+
+
+def test_close_frees_the_process_and_the_files(setup):
+    engine, _ = setup  # the last test of the module: the fixture's close() is then a no-op
+    pid, push_dir, socket_dir = engine.pid, engine._res.push_dir, engine._res.socket_dir
+    assert push_dir is not None and push_dir.is_dir()
+    engine.close()
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped
+    assert not push_dir.exists() and not Path(socket_dir).exists()
+    engine.close()  # idempotent
+    with pytest.raises(SidecarError, match="closed"):
+        greedy(engine)

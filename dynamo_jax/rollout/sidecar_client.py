@@ -198,8 +198,11 @@ def spawn(config: SidecarConfig, log_path: Path, socket_path: str) -> _Process:
             command, stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
             env=env, start_new_session=True,  # its own group: one killpg takes vLLM's children too
         )  # fmt: skip
-    popen.stdin.write(secret.encode() + b"\n")  # a pipe, not argv/env: invisible to `ps`
-    popen.stdin.flush()
+    try:
+        popen.stdin.write(secret.encode() + b"\n")  # a pipe, not argv/env: invisible to `ps`
+        popen.stdin.flush()
+    except BrokenPipeError:
+        pass  # it died at once; wait_healthy reports its exit code and log
     return _Process(popen, socket_path, secret, log_path)
 
 
@@ -330,6 +333,7 @@ class VLLMSidecarEngine:
                 "VLLMSidecarEngine was built with model_cfg=None: it can push HF tensors "
                 "(push_hf_tensors) but not a parameter tree"
             )
+        self._check_version(version)
         directory, export_s = weight_push.timed(
             weight_push.export_push_dir,
             params,
@@ -354,10 +358,15 @@ class VLLMSidecarEngine:
     # -- pushes from HF-named tensors ---------------------------------------------------------
     def push_hf_tensors(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
         """Write HF-named host tensors to shared memory and load them as `version`."""
+        self._check_version(version)
         directory, write_s = weight_push.timed(
             weight_push.write_push_dir, tensors, self.config.shm_dir, version
         )
         self._push_and_time(directory, version, write_s)
+
+    def _check_version(self, version: int) -> None:
+        if version < self._version:
+            raise ValueError(f"weight version must not go back: {version} after {self._version}")
 
     def _push_and_time(self, directory: Path, version: int, export_s: float) -> None:
         nbytes = (Path(directory) / weight_push.WEIGHTS_FILE).stat().st_size
@@ -367,9 +376,8 @@ class VLLMSidecarEngine:
 
     def push_hf_dir(self, directory: Path, version: int) -> None:
         """Load a safetensors dir this engine now owns (it deletes it when superseded or closed)."""
-        if version < self._version:
-            raise ValueError(f"weight version must not go back: {version} after {self._version}")
         try:
+            self._check_version(version)
             reply = self._call(
                 {"op": "update_weights", "path": str(directory), "version": int(version)}
             )

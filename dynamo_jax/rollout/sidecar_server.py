@@ -271,8 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     while running:
         conn, _ = server.accept()
         with conn:
-            if authenticate(conn, secret):
-                running = serve_connection(conn, sidecar)
+            try:
+                if authenticate(conn, secret):
+                    running = serve_connection(conn, sidecar)
+            except OSError as e:  # a client that went away (e.g. after its own timeout)
+                log(f"connection dropped: {e}")
     log("shutdown requested")
     server.close()
     os.unlink(args.socket)
