@@ -66,7 +66,7 @@ def test_num_rows_subsets_or_repeats_with_unique_stable_ids():
 
 
 def test_prompts_go_through_the_chat_template_path(tok):
-    rows = make_synthetic_dataset(SyntheticConfig())
+    rows = make_synthetic_dataset(SyntheticConfig(op="add_mod"))
     cfg = DataConfig(task="synthetic", system_prompt="", max_prompt_tokens=32)
     prompts = build_prompts(rows, tok, cfg)
     assert (prompts.num_truncated, prompts.num_filtered) == (0, 0)

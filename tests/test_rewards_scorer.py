@@ -326,3 +326,13 @@ def _catch(fn):
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RewardConfig.{field}"):
         RewardConfig(**{field: value})
+
+
+def test_spawn_start_method_works_too():
+    with RewardPool(dataclasses.replace(FAST, num_workers=1, start_method="spawn")) as pool:
+        verdicts = pool.score(["\\boxed{\\frac{1}{2}}", "\\boxed{2}"], ["0.5", "3"])
+    assert [v.status for v in verdicts] == ["correct", "wrong"]
+
+
+def test_empty_batch(pool):
+    assert pool.score([], []) == []

@@ -43,7 +43,7 @@ class DataConfig:
     # Column/key holding a row id; rows without it get a hash of (source, prompt).
     id_field: str = "id"
     seed: int = 0
-    synthetic_op: SyntheticOp = "add_mod"
+    synthetic_op: SyntheticOp = "max"  # the learnable default (see data/synthetic.py)
     synthetic_modulus: int = 5
     synthetic_num_rows: int = 0  # 0 = every distinct problem once
 

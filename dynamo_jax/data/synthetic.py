@@ -3,15 +3,19 @@
 Problems are one-digit arithmetic over 0..m-1 (m = `modulus` ≤ 10), so every answer is ONE
 token, and the policy only has to put the right digit first:
 
-    copy    "copy 3="       → "3"    (m problems)      easiest: attend to one prompt digit
-    max     "max(3,1)="     → "3"    (m² problems)     copy one of two digits, then compare
-    add_mod "3+4 mod 5="    → "2"    (m² problems)     a lookup table over pairs (default)
+    copy    "copy 3="       → "3"    (m problems)      attend to one prompt digit
+    max     "max(3,1)="     → "3"    (m² problems)     copy one of two digits, compare (default)
+    add_mod "3+4 mod 5="    → "2"    (m² problems)     a lookup table over pairs (hardest)
 
 Learnability (why these choices): the tokenizer has 32 tokens, so a random policy's first token
 is the right digit with p ≈ 1/32 and the answer check below accepts it whatever non-digit
 follows: with 2-token responses p = 26/1024 ≈ 2.5% at step 0 (enumerated in the tests), about
-1.6 rewarded samples in each 8 prompts × 8 samples batch, enough for GRPO to get signal. Once the policy emits only digits 0..m-1 it is at 1/m,
-and the rest is a table of m² entries. Difficulty grows with the op and with m.
+1.6 rewarded samples in each 8 prompts × 8 samples batch, enough for GRPO to get signal. The
+default, max with m = 5, then pays off in stages: emitting a digit of the prompt is right at
+least half the time, comparing gives the rest. Measured with configs/tiny.py (tiny-qwen3,
+2 layers; GRPO, 16 prompts × 8 samples, lr 2e-3): mean reward 0.04 at step 1, 0.51 at step 51,
+about 0.85 from step 100. add_mod with m = 5 plateaued at 1/m ≈ 0.2 after 200 steps (lr 1e-3):
+the output range is learnt quickly, the 25-entry table is not; use it as the harder setting.
 
 The reward is binary with no shaping: the answer is the run of digits the response starts
 with (after optional whitespace; text after the stop token is ignored); it is correct iff it
@@ -64,7 +68,7 @@ class SyntheticConfig:
     """op: which task; modulus: operands are 0..modulus-1; num_rows: 0 = every distinct problem
     once, otherwise that many rows (a seeded subset, or whole reshuffled passes repeated)."""
 
-    op: str = "add_mod"
+    op: str = "max"
     modulus: int = 5
     num_rows: int = 0
     seed: int = 0

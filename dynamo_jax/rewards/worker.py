@@ -26,6 +26,9 @@ def _cap_memory(limit_mb: int) -> None:
 def worker_main(conn: Connection, cfg: RewardConfig) -> None:
     """Serve scoring requests until the pipe closes or a None message arrives."""
     _cap_memory(cfg.worker_memory_mb)
+    # Already warm when forked from the preloaded forkserver (then this takes milliseconds);
+    # under spawn it keeps first-use costs out of the first items' time limits.
+    warm_up(cfg)
     while True:
         try:
             message = conn.recv()
