@@ -149,5 +149,6 @@ def test_row_keys_depend_on_ids_not_position():
     np.testing.assert_array_equal(np.asarray(a)[perm], np.asarray(b))
     # The high 32 bits of a prompt id matter, and so does the seed.
     assert not np.array_equal(np.asarray(a)[0], np.asarray(a)[1])
-    c = jax.random.key_data(sampling.row_keys(12, pids, idx))
-    assert not np.array_equal(np.asarray(a), np.asarray(c))
+    for other_seed in (12, 11 + 2**32, -11):
+        c = jax.random.key_data(sampling.row_keys(other_seed, pids, idx))
+        assert not np.array_equal(np.asarray(a), np.asarray(c)), other_seed

@@ -40,13 +40,15 @@ _PAD_BLOCK = 256  # block of the two-level cumulative sum when the vocabulary ha
 def row_keys(seed: int, prompt_ids: np.ndarray, sample_indices: np.ndarray) -> jax.Array:
     """Per-row PRNG keys keyed by (seed, prompt_id, sample_index), never by batch position.
 
-    `prompt_ids` may be any int64 (stable dataset ids): both 32-bit halves are folded in.
+    `seed` and `prompt_ids` may be any int64 (stable dataset ids): both 32-bit halves of each
+    are used.
     """
     pid = np.asarray(prompt_ids, dtype=np.int64).astype(np.uint64)
     lo = jnp.asarray((pid & np.uint64(0xFFFFFFFF)).astype(np.uint32))
     hi = jnp.asarray((pid >> np.uint64(32)).astype(np.uint32))
     idx = jnp.asarray(np.asarray(sample_indices, dtype=np.uint32))
-    base = jax.random.key(np.uint32(seed & 0xFFFFFFFF))
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # two's complement, so negative seeds are distinct too
+    base = jax.random.fold_in(jax.random.key(np.uint32(seed & 0xFFFFFFFF)), np.uint32(seed >> 32))
 
     def one(lo_, hi_, idx_):
         return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(base, lo_), hi_), idx_)
