@@ -252,23 +252,23 @@ def stop_token_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def eval_problems(data_cfg: Any, tokenizer_dir: str, max_problems: int = 0):
+def eval_problems(data_cfg: Any, reward_cfg: Any, tokenizer_dir: str, max_problems: int = 0):
     """(rows, prompt token ids, tokenizer, scorer) of the data section's evaluation set."""
     from dynamo_jax import data
 
     if data_cfg.task == "synthetic":
         rows = data.make_synthetic_dataset(data_cfg.synthetic_config())
-        tokenizer, scorer = data.synthetic_tokenizer(), data.SyntheticScorer()
+        tokenizer, scorer = data.synthetic_tokenizer(), data.SyntheticScorer(reward_cfg)
     else:
         from transformers import AutoTokenizer
 
-        from dynamo_jax.rewards import RewardConfig, RewardPool
+        from dynamo_jax.rewards import RewardPool
 
         paths = data_cfg.eval_paths or data_cfg.paths
         rows, _ = data.load_files(
             paths, fmt=data_cfg.format, on_bad_row=data_cfg.on_bad_row, id_field=data_cfg.id_field
         )
-        tokenizer, scorer = AutoTokenizer.from_pretrained(tokenizer_dir), RewardPool(RewardConfig())
+        tokenizer, scorer = AutoTokenizer.from_pretrained(tokenizer_dir), RewardPool(reward_cfg)
     if max_problems:
         rows = rows[:max_problems]
     prompts = data.build_prompts(rows, tokenizer, data_cfg)
@@ -288,7 +288,7 @@ def run_from_config(
     """The CLI's work: problems of the config's data section, the checkpoint's engine, report."""
     tokenizer_dir = run_config.init.tokenizer or checkpoint
     rows, prompt_ids, tokenizer, scorer = eval_problems(
-        run_config.data, tokenizer_dir, max_problems
+        run_config.data, run_config.reward, tokenizer_dir, max_problems
     )
     sampling = SamplingParams(
         max_new_tokens=run_config.rollout.max_new_tokens,

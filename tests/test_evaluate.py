@@ -219,6 +219,7 @@ def test_cli_path_with_an_injected_engine(tmp_path, monkeypatch):
         data=DataConfig(
             task="synthetic", system_prompt="", synthetic_op="copy", synthetic_modulus=3
         ),
+        reward=RewardConfig(),
         init=types.SimpleNamespace(tokenizer=""),
         rollout=types.SimpleNamespace(max_new_tokens=4),
     )
