@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_fixtures import make_tiny_hf_checkpoint
 from jax.sharding import Mesh
 from scipy import stats
 
@@ -14,7 +15,6 @@ from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import forward, init_params, param_logical_axes
 from dynamo_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from dynamo_jax.rollout.protocol import Request, RolloutEngine, SamplingParams
-from tests.hf_fixtures import make_tiny_hf_checkpoint
 
 
 def vllm_restrict_np(z, k, p):
