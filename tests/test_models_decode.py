@@ -87,3 +87,11 @@ def test_cache_shapes_and_errors():
         decode.prefill(params, cfg, np.ones((2, 11), np.int32), np.ones((2, 11), np.int32), cache)
     with pytest.raises(ValueError, match="batch 3 != cache batch 2"):
         decode.prefill(params, cfg, np.ones((3, 4), np.int32), np.ones((3, 4), np.int32), cache)
+
+
+def test_smoke_entry_point_runs(capsys):
+    from dynamo_jax.models import smoke
+
+    text = smoke.main(["--max_new_tokens", "3"])
+    assert isinstance(text, str)
+    assert "generated ids" in capsys.readouterr().out

@@ -153,3 +153,38 @@ def test_param_logical_axes_names_and_ranks():
     assert specs["layers"]["attn"]["q_proj"]["kernel"] == jax.sharding.PartitionSpec(
         "layers", "embed", "heads", "head_dim"
     )
+
+
+def test_sharded_init_and_forward_under_logical_rules():
+    """Params created sharded from logical names; activation constraints resolve on a mesh."""
+    import flax.linen as nn
+    from jax.sharding import Mesh
+
+    cfg = get_preset("tiny-qwen3")
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("fsdp", "tensor"))
+    rules = (
+        ("vocab", "tensor"),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("kv_heads", None),
+        ("mlp", "tensor"),
+        ("head_dim", None),
+        ("layers", None),
+        ("act_batch", "fsdp"),
+        ("act_len", None),
+        ("act_embed", None),
+        ("act_heads", "tensor"),
+        ("act_mlp", "tensor"),
+        ("act_vocab", "tensor"),
+    )
+    shardings = nn.logical_to_mesh_sharding(qwen.param_logical_axes(cfg), mesh, rules)
+    params = qwen.init_params(cfg, jax.random.key(0), shardings=shardings)
+    up = params["layers"]["mlp"]["up_proj"]["kernel"]
+    assert up.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+    tokens, mask = TOKENS[:2], MASK[:2]
+    pos = qwen.positions_from_mask(mask)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        out = jax.jit(qwen.forward, static_argnums=1)(params, cfg, tokens, pos, mask)
+        assert out.sharding.spec == jax.sharding.PartitionSpec("fsdp", None, "tensor")
+    host = jax.tree.map(np.asarray, params)
+    np.testing.assert_allclose(out, _flax_logits(host, cfg, tokens, mask), atol=1e-5, rtol=0)
