@@ -1,0 +1,179 @@
+"""The sharded forward pass of the trainer: per-token log π, entropy and K at a temperature.
+
+Batch convention (shared by the train step, `make_logprob_fn` and the training loop):
+every per-token array is [B, L] and indexed by the token it SCORES. Row b holds one
+sequence, prompt then response, left-aligned (real tokens first, padding after; the model
+decides causality by slot and uses explicit positions, so left padding also works):
+
+    tokens          int32 [B, L]  prompt + response token ids (padding: any id, e.g. 0)
+    positions       int32 [B, L]  RoPE positions (`models.qwen.positions_from_mask(mask)`)
+    attention_mask  int32 [B, L]  1 for real tokens
+    loss_mask       f32   [B, L]  1 where tokens[b, t] is a response token to train on
+    advantages      f32   [B, L] or [B] (per sequence, broadcast over its tokens)
+    old_logp        f32   [B, L]  log π_old(tokens[b, t] | tokens[b, :t]) at the batch temperature
+    ref_logp        f32   [B, L]  same under the reference policy (only when the loss has a KL term)
+    temperature     f32   []      the sampling temperature of this batch (a traced scalar: changing
+                                  it every step never recompiles)
+
+So logp[b, t] = log softmax(logits[b, t - 1] / T)[tokens[b, t]]; column 0 has no predecessor and
+is 0 (loss_mask[:, 0] must be 0, which holds whenever a prompt is non-empty).
+
+The vocabulary projection never materialises [B·L, V] logits: hidden states go to the losses'
+blockwise, vocab-sharded `sharded_token_logprobs_entropy` (tokens split over the `act_batch`
+axes, vocabulary over the `act_vocab` axis).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE, sharded_token_logprobs_entropy
+from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.models.qwen import Transformer, param_logical_axes, param_shapes, unembedding
+from dynamo_jax.sharding.rules import (
+    LogicalRules,
+    _as_axes_tuple,
+    batch_sharding,
+    fit_rules,
+    param_shardings,
+    replicated,
+    rule_axes,
+)
+
+Array = jax.Array
+# Fields present in every batch; `ref_logp` is added when the loss has a KL term.
+MODEL_INPUT_FIELDS = ("tokens", "positions", "attention_mask")
+TRAIN_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "advantages", "old_logp", "temperature")
+
+
+def activation_rules(rules: LogicalRules, mesh: Mesh, model_cfg: ModelConfig) -> LogicalRules:
+    """The rules with activation axes cut to what the model's dimensions allow (see rules.py)."""
+    dims = {
+        "act_heads": model_cfg.num_heads,
+        "act_kv_heads": model_cfg.num_kv_heads,
+        "act_mlp": model_cfg.intermediate_size,
+        "act_vocab": model_cfg.vocab_size,
+        "act_embed": model_cfg.hidden_size,
+    }
+    return fit_rules(rules, mesh, dims)
+
+
+def model_param_shardings(model_cfg: ModelConfig, mesh: Mesh, rules: LogicalRules) -> Any:
+    """NamedShardings of the model's parameters (no allocation)."""
+    return param_shardings(param_shapes(model_cfg), param_logical_axes(model_cfg), mesh, rules)
+
+
+def batch_shardings(
+    mesh: Mesh, rules: LogicalRules, batch_size: int, fields: tuple[str, ...]
+) -> dict[str, NamedSharding]:
+    """Shardings for a batch dict: rows over the `act_batch` axes, `temperature` replicated.
+
+    The spec names only dimension 0, so it fits both [B] and [B, L] arrays.
+    """
+    row = batch_sharding(mesh, rules, batch_size, ndim=1)
+    return {f: (replicated(mesh) if f == "temperature" else row) for f in fields}
+
+
+def _shift_right(x_BxL: Array) -> Array:
+    """Move per-prediction values (index t predicts token t+1) to the token they score."""
+    return jnp.pad(x_BxL[:, :-1], ((0, 0), (1, 0)))
+
+
+def token_stats(
+    params: Any,
+    batch: Mapping[str, Array],
+    *,
+    model_cfg: ModelConfig,
+    mesh: Mesh,
+    rules: LogicalRules,
+    return_k: bool,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> tuple[Array, Array, Array | None]:
+    """(logp_BxL, entropy_BxL, K_BxL or None), float32, per the module's batch convention.
+
+    Call inside a jit over `mesh`; `rules` should already be `activation_rules(...)`.
+    Gradients flow through logp and entropy; K is stop-gradient.
+    """
+    tokens_BxL = batch["tokens"]
+    b, length = tokens_BxL.shape
+    # The abstract mesh makes the model's `with_logical_constraint`s real inside this jit
+    # (`jax.set_mesh` is not allowed under a trace).
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+        hidden_BxLxD = Transformer(model_cfg).apply(
+            {"params": params},
+            tokens_BxL,
+            batch["positions"],
+            batch["attention_mask"],
+            method=Transformer.hidden,
+        )
+    w_DxV = unembedding(params, model_cfg)
+    # Position t predicts token t + 1; the last position predicts nothing (target 0, dropped).
+    targets_BxL = jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)))
+    token_axes = tuple(a for a in _as_axes_tuple(rule_axes(rules, "act_batch")) if a)
+    vocab_axes = _as_axes_tuple(rule_axes(rules, "act_vocab"))
+    if len(vocab_axes) > 1:
+        raise ValueError(f"rule act_vocab must name at most one mesh axis, got {vocab_axes}")
+    logp, ent, k = sharded_token_logprobs_entropy(
+        hidden_BxLxD.reshape(b * length, -1),
+        w_DxV,
+        targets_BxL.reshape(-1),
+        batch["temperature"],
+        mesh=mesh,
+        tensor_axis=vocab_axes[0] if vocab_axes else None,
+        token_axes=token_axes,
+        block_size=block_size,
+        return_k=return_k,
+    )
+    shift = lambda x: _shift_right(x.reshape(b, length))
+    return shift(logp), shift(ent), (shift(k) if return_k else None)
+
+
+def make_logprob_fn(
+    model_cfg: ModelConfig,
+    mesh: Mesh,
+    rules: LogicalRules,
+    *,
+    batch_size: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+):
+    """A jitted `fn(params, batch) -> (logp_BxL, entropy_BxL)` for old/reference log-probs.
+
+    `batch` needs `tokens`, `positions`, `attention_mask` and `temperature` (module convention);
+    the outputs are sharded like the batch rows and are zero in column 0.
+    """
+    act_rules = activation_rules(rules, mesh, model_cfg)
+    fields = MODEL_INPUT_FIELDS + ("temperature",)
+    in_batch = batch_shardings(mesh, act_rules, batch_size, fields)
+    out = batch_sharding(mesh, act_rules, batch_size, ndim=2)
+
+    def fn(params, batch):
+        batch = {f: batch[f] for f in fields}
+        logp, ent, _ = token_stats(
+            params,
+            batch,
+            model_cfg=model_cfg,
+            mesh=mesh,
+            rules=act_rules,
+            return_k=False,
+            block_size=block_size,
+        )
+        return logp, ent
+
+    jitted = jax.jit(
+        fn,
+        in_shardings=(model_param_shardings(model_cfg, mesh, rules), in_batch),
+        out_shardings=(out, out),
+    )
+
+    @functools.wraps(fn)
+    def call(params, batch):
+        return jitted(params, {f: batch[f] for f in fields})
+
+    return call

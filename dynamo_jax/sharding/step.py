@@ -1,0 +1,221 @@
+"""The one jitted, sharded optimizer step: forward → log π/H/K → DynaMO loss → grads → optax.
+
+    train_step, state_shardings, batch_shardings = make_train_step(
+        model_cfg, loss_cfg, optimizer, mesh, rules, batch_size=B, micro_batches=M)
+    state = init_train_state(model_cfg, optimizer, mesh, rules, rng)      # state.py
+    state, metrics = train_step(state, batch)      # batch: forward.py's convention
+
+`train_step` is a single `jax.jit` with explicit in/out shardings (state from the rules, batch rows
+over the `act_batch` axes, metrics replicated) and the state donated (argument 0): the caller
+must not reuse the `state` it passed in.
+
+Whole-mini-batch semantics under gradient accumulation (ALGORITHM.md §3, §4.3): the loss
+normaliser and the modulation statistics (H_min, H_max, max Ξ, baseline thresholds) are those of
+the WHOLE mini-batch on all devices. With M > 1 micro-batches the step therefore first runs a
+forward-only pass over all micro-batches (`lax.scan`) to get the per-token log π/H/K of the
+mini-batch, computes `minibatch_stats` once, then scans again accumulating gradients (float32)
+of each micro-batch's loss, which the losses already divide by the mini-batch normaliser. So the
+update does not depend on M, at the cost of one extra forward pass (~1/3 more compute) when
+M > 1; with M = 1 the statistics come from the same forward, under stop-gradient.
+
+Micro-batch m takes rows m, m + M, m + 2M, ... (a strided split): each device's contiguous rows
+then contribute equally to every micro-batch, so splitting needs no communication.
+
+Non-finite loss or gradients: the update is not applied (params, optimizer state and `step` are
+kept via `jnp.where` on a finite flag) and `metrics["update_skipped"]` is 1; the training loop
+counts consecutive skips.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dynamo_jax.losses import (
+    LossConfig,
+    TokenBatch,
+    build_loss_fn,
+    combine_metrics,
+    finalize_metrics,
+    minibatch_stats,
+)
+from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE
+from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.sharding.forward import (
+    TRAIN_FIELDS,
+    activation_rules,
+    batch_shardings,
+    token_stats,
+)
+from dynamo_jax.sharding.rules import LogicalRules, batch_sharding, replicated, rule_axes
+from dynamo_jax.sharding.state import TrainState, train_state_shardings
+
+Array = jax.Array
+
+
+def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
+    """The batch fields the step reads for this loss (forward.py documents each).
+
+    `ref_logp` is needed when the loss has a KL penalty; `noise` ([B, L] uniform in [0, 1),
+    drawn once per mini-batch by the caller) for the Clip-Cov baseline's random pick.
+    """
+    fields = TRAIN_FIELDS
+    if loss_cfg.kl != "none":
+        fields += ("ref_logp",)
+    if loss_cfg.baseline == "clip_cov":
+        fields += ("noise",)
+    return fields
+
+
+def _token_batch(rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | None) -> TokenBatch:
+    adv = rows["advantages"]
+    if adv.ndim == 1:  # one advantage per sequence: broadcast over its tokens
+        adv = jnp.broadcast_to(adv[:, None], logp.shape)
+    return TokenBatch(
+        logp=logp,
+        old_logp=rows["old_logp"],
+        ent=ent,
+        adv=adv,
+        mask=rows["loss_mask"],
+        k=k,
+        ref_logp=rows.get("ref_logp"),
+        noise=rows.get("noise"),
+    )
+
+
+def _split_micro(rows: Mapping[str, Array], m: int, row_sharding: NamedSharding) -> dict:
+    """[B, ...] → [M, B/M, ...] with micro-batch i = rows i, i + M, ... (no data movement)."""
+    spec = P(None, *row_sharding.spec)
+    out = {}
+    for key, x in rows.items():
+        x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
+        out[key] = lax.with_sharding_constraint(x, NamedSharding(row_sharding.mesh, spec))
+    return out
+
+
+def _merge_micro(x_MxBxL: Array) -> Array:
+    return x_MxBxL.reshape((-1,) + x_MxBxL.shape[2:])
+
+
+def _all_finite(loss: Array, grads: Any) -> Array:
+    finite = jnp.isfinite(loss)
+    for g in jax.tree.leaves(grads):
+        finite &= jnp.all(jnp.isfinite(g))
+    return finite
+
+
+def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> TrainState:
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)
+    return TrainState(
+        params=jax.tree.map(keep, params, state.params),
+        opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+        step=state.step + finite.astype(state.step.dtype),
+    )
+
+
+def make_train_step(
+    model_cfg: ModelConfig,
+    loss_cfg: LossConfig,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: LogicalRules,
+    *,
+    batch_size: int,
+    micro_batches: int = 1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+):
+    """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
+
+    Returns (train_step, state_shardings: TrainState of NamedSharding, batch_shardings: dict
+    field → NamedSharding). `batch_size` is the global mini-batch size (rows); it and each
+    micro-batch (batch_size / micro_batches rows) must split evenly over the `act_batch` axes.
+    Metrics: `finalize_metrics` of the losses (loss, pg_loss, clip fractions, β means, entropy
+    mean/min/max, tokens, ...) plus `grad_norm` (before clipping) and `update_skipped`.
+    """
+    if micro_batches < 1 or batch_size % micro_batches:
+        raise ValueError(
+            f"micro_batches must be >= 1 and divide batch_size {batch_size}, got {micro_batches}"
+        )
+    act_rules = activation_rules(rules, mesh, model_cfg)
+    batch_sharding(mesh, act_rules, batch_size // micro_batches, ndim=1)  # clear error if uneven
+    fields = train_fields(loss_cfg)
+    state_sh = train_state_shardings(model_cfg, optimizer, mesh, rules)
+    batch_sh = batch_shardings(mesh, act_rules, batch_size, fields)
+    row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
+    forward = functools.partial(
+        token_stats,
+        model_cfg=model_cfg,
+        mesh=mesh,
+        rules=act_rules,
+        return_k=loss_cfg.needs_k,
+        block_size=block_size,
+    )
+    loss_fn = build_loss_fn(loss_cfg)
+
+    def objective(params, rows, temperature, stats):
+        logp, ent, k = forward(params, {**rows, "temperature": temperature})
+        tokens = _token_batch(rows, logp, ent, k)
+        if stats is None:  # single micro-batch: the mini-batch statistics of this very forward
+            stats = minibatch_stats(tokens, loss_cfg)
+        return loss_fn(tokens, stats)
+
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+    def accumulated_grads(params, rows, temperature):
+        micro = _split_micro(rows, micro_batches, row_sh)
+
+        def forward_only(_, mb):
+            logp, ent, k = forward(params, {**mb, "temperature": temperature})
+            return None, (logp, ent, k)
+
+        _, (logp, ent, k) = lax.scan(forward_only, None, micro)
+        whole = {key: _merge_micro(x) for key, x in micro.items()}
+        k = None if k is None else _merge_micro(k)
+        stats = minibatch_stats(
+            _token_batch(whole, _merge_micro(logp), _merge_micro(ent), k), loss_cfg
+        )
+
+        def accumulate(acc, mb):
+            (loss, metrics), g = grad_fn(params, mb, temperature, stats)
+            acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
+            return acc, (loss, metrics)
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        zeros = lax.with_sharding_constraint(zeros, state_sh.params)
+        acc, (losses, metrics) = lax.scan(accumulate, zeros, micro)
+        grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
+        per_micro = [jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(micro_batches)]
+        return jnp.sum(losses), functools.reduce(combine_metrics, per_micro), grads
+
+    def step(state: TrainState, batch: dict[str, Array]):
+        temperature = batch["temperature"]
+        rows = {k: v for k, v in batch.items() if k != "temperature"}
+        if micro_batches == 1:
+            (loss, metrics), grads = grad_fn(state.params, rows, temperature, None)
+        else:
+            loss, metrics, grads = accumulated_grads(state.params, rows, temperature)
+        grads = lax.with_sharding_constraint(grads, state_sh.params)
+        finite = _all_finite(loss, grads)
+        new_state = _apply_update(state, grads, finite, optimizer)
+        metrics = finalize_metrics(metrics)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["update_skipped"] = 1.0 - finite.astype(jnp.float32)
+        return new_state, metrics
+
+    train_step = jax.jit(
+        step,
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, replicated(mesh)),
+        donate_argnums=0,
+    )
+    return train_step, state_sh, batch_sh

@@ -1,0 +1,247 @@
+"""The jitted sharded train step (dynamo_jax/sharding/step.py, forward.py, state.py).
+
+Oracle: the same model and loss on ONE device, and, for that single-device step itself, a direct
+full-softmax computation (model logits → log_softmax(z / T) → losses) differentiated by jax.grad.
+The optimizer is SGD with learning rate 1, so `params − new_params` is exactly the gradient.
+
+Meshes exercise head counts that divide the tensor axis and ones that do not: the tiny presets
+have 4 query heads and 2 KV heads, so tensor=2 splits both, tensor=4 splits Q but replicates KV,
+and tensor=8 replicates both (rules.py, "Indivisible dimensions").
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from dynamo_jax.losses import LossConfig, TokenBatch, build_loss_fn, minibatch_stats
+from dynamo_jax.models.presets import get_preset
+from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
+from dynamo_jax.sharding.forward import activation_rules, make_logprob_fn, model_param_shardings
+from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+from dynamo_jax.sharding.rules import DEFAULT_RULES
+from dynamo_jax.sharding.state import train_state_from_params
+from dynamo_jax.sharding.step import make_train_step
+
+B, L = 8, 16
+MESHES = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 2, 4)]
+MODELS = ["tiny-qwen2", "tiny-qwen3"]
+LOSS_CFG = LossConfig()  # DynaMO: GC + UMS with exact K, token-mean, dual clip
+# Tests compile ~20 programs; XLA's backend optimisation level 0 halves CPU compile time and
+# does not change what the program computes.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+GRAD_TOL = 2e-4
+
+
+def make_batch(cfg, params, seed=0):
+    """Prompt (5 tokens) + response of varying length, right padding, per-sequence advantages;
+    old log-probs near the current ones (so some ratios clip and most do not)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(9, L + 1, B)
+    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
+    tokens = rng.integers(1, cfg.vocab_size, (B, L)).astype(np.int32) * mask
+    positions = np.asarray(positions_from_mask(mask))
+    loss_mask = mask.astype(np.float32)
+    loss_mask[:, :5] = 0.0
+    temperature = np.float32(0.7)
+    logits = forward(params, cfg, tokens, positions, mask)
+    logpi = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
+    logp = np.pad(
+        np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0], ((0, 0), (1, 0))
+    )
+    return dict(
+        tokens=tokens,
+        positions=positions,
+        attention_mask=mask,
+        loss_mask=loss_mask,
+        advantages=rng.normal(size=B).astype(np.float32),
+        old_logp=(logp + 0.15 * rng.normal(size=(B, L))).astype(np.float32),
+        temperature=temperature,
+    )
+
+
+@pytest.fixture(scope="module")
+def setups():
+    """Per model: (cfg, params, batch). The unembedding is scaled up (lm_head ×10, or a tied
+    embedding ×4) so the policy is far from uniform: token entropies spread over ~[0.6, 5] nats
+    instead of 6.21 ± 0.005, where GC's (H_max − H)/(H_max − H_min) would amplify fp32 noise
+    ~100× and make any tolerance meaningless."""
+    out = {}
+    for name in MODELS:
+        cfg = get_preset(name)
+        params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(1)))
+        if cfg.tie_word_embeddings:
+            params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0
+        else:
+            params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 10.0
+        out[name] = (cfg, params, make_batch(cfg, params))
+    return out
+
+
+def sub_mesh(shape):
+    return build_mesh(MeshConfig(shape=shape), jax.devices()[: int(np.prod(shape))])
+
+
+def sharded_logits(cfg, params, batch, mesh):
+    """The model's float32 logits under the mesh's parameter shardings and activation rules."""
+    rules = activation_rules(DEFAULT_RULES, mesh, cfg)
+
+    def fn(p, tokens, positions, mask):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return forward(p, cfg, tokens, positions, mask)
+
+    p_sh = model_param_shardings(cfg, mesh, DEFAULT_RULES)
+    args = (params, batch["tokens"], batch["positions"], batch["attention_mask"])
+    jitted = jax.jit(fn, in_shardings=(p_sh, None, None, None))
+    return np.asarray(jitted.lower(*args).compile(FAST_COMPILE)(*args))
+
+
+_CACHE = {}
+
+
+def run_step(setups, name, mesh_shape, micro_batches=1):
+    """(loss, grads, logits, metrics, compiled step, state shardings), cached per configuration."""
+    key = (name, mesh_shape, micro_batches)
+    if key not in _CACHE:
+        cfg, params, batch = setups[name]
+        mesh = sub_mesh(mesh_shape)
+        opt = optax.sgd(1.0)
+        step, state_sh, _ = make_train_step(
+            cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=B, micro_batches=micro_batches
+        )
+        state = train_state_from_params(params, opt, state_sh)
+        compiled = step.lower(state, batch).compile(FAST_COMPILE)
+        new_state, metrics = compiled(state, batch)
+        grads = jax.tree.map(lambda p, n: p - np.asarray(n), params, new_state.params)
+        logits = sharded_logits(cfg, params, batch, mesh)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        _CACHE[key] = (metrics["loss"], grads, logits, metrics, compiled, new_state)
+    return _CACHE[key]
+
+
+def assert_trees_close(a, b, scaled_tol):
+    """max |a − b| <= scaled_tol · max |b|, per leaf.
+
+    Per-element relative error is meaningless for gradient entries near zero; the fp32 noise of
+    this computation, measured against a float64 run, is ~3e-5 of each leaf's largest entry
+    for both the step and the direct oracle (the 10×-scaled tiny model is sharp).
+    """
+    for (path, x), y in zip(
+        jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True
+    ):
+        err, scale = np.abs(np.asarray(x) - np.asarray(y)).max(), np.abs(np.asarray(y)).max()
+        assert err <= scaled_tol * scale, (
+            f"{jax.tree_util.keystr(path)}: {err} > {scaled_tol} * {scale}"
+        )
+
+
+def direct_loss(cfg, params, batch):
+    """Unsharded oracle: full-softmax log π / H / K from the model's logits, then the losses."""
+    z = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
+    logpi = jax.nn.log_softmax(z / batch["temperature"], axis=-1)[:, :-1]
+    pi = jnp.exp(logpi)
+    ent = -jnp.sum(pi * logpi, -1)
+    k = jnp.sum(pi**2 * (logpi + ent[..., None]), -1)
+    logp = jnp.take_along_axis(logpi, batch["tokens"][:, 1:, None], -1)[..., 0]
+    pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))  # token t is scored by position t - 1
+    adv = jnp.broadcast_to(batch["advantages"][:, None], (B, L))
+    tb = TokenBatch(
+        pad(logp),
+        batch["old_logp"],
+        pad(ent),
+        adv,
+        batch["loss_mask"],
+        k=jax.lax.stop_gradient(pad(k)),
+    )
+    return build_loss_fn(LOSS_CFG)(tb, minibatch_stats(tb, LOSS_CFG))[0]
+
+
+def test_single_device_step_matches_direct_full_softmax_oracle(setups):
+    cfg, params, batch = setups["tiny-qwen3"]
+    loss, grads, logits, metrics, _, _ = run_step(setups, "tiny-qwen3", (1, 1, 1))
+    oracle = jax.jit(jax.value_and_grad(lambda p: direct_loss(cfg, p, batch)))
+    ref_loss, ref_grads = oracle.lower(params).compile(FAST_COMPILE)(params)
+    np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5, atol=1e-5)
+    assert_trees_close(grads, ref_grads, GRAD_TOL)
+    ref_logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
+    np.testing.assert_allclose(logits, np.asarray(ref_logits), rtol=1e-5, atol=1e-5)
+    assert metrics["update_skipped"] == 0.0
+    assert metrics["tokens"] == batch["loss_mask"].sum()
+    assert loss != 0.0 and metrics["grad_norm"] > 0.0
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", MODELS)
+def test_sharded_step_matches_single_device(setups, name, mesh_shape):
+    ref_loss, ref_grads, ref_logits, _, _, _ = run_step(setups, name, (1, 1, 1))
+    loss, grads, logits, _, _, new_state = run_step(setups, name, mesh_shape)
+    np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    assert_trees_close(grads, ref_grads, GRAD_TOL)
+    # The parameters really are split as the rules say, including the non-dividing case.
+    tensor = mesh_shape[2]
+    attn = new_state.params["layers"]["attn"]
+    q_spec = attn["q_proj"]["kernel"].sharding.spec
+    k_spec = attn["k_proj"]["kernel"].sharding.spec
+    assert q_spec == P(None, "fsdp", "tensor" if 4 % tensor == 0 else None, None)
+    assert k_spec == P(None, "fsdp", "tensor" if 2 % tensor == 0 else None, None)
+
+
+def test_micro_batching_does_not_change_the_update(setups):
+    """M = 2 (stats from a forward pre-pass over the whole mini-batch) equals M = 1, on (2,2,2)."""
+    cfg, params, batch = setups["tiny-qwen2"]
+    ref_loss, ref_grads, _, ref_metrics, _, _ = run_step(setups, "tiny-qwen2", (1, 1, 1))
+    mesh = sub_mesh((2, 2, 2))
+    opt = optax.sgd(1.0)
+    step, state_sh, batch_sh = make_train_step(
+        cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=B, micro_batches=2
+    )
+    state = train_state_from_params(params, opt, state_sh)
+    batch = jax.device_put(batch, batch_sh)
+    new_state, metrics = step.lower(state, batch).compile(FAST_COMPILE)(state, batch)
+    assert state.params["embed"]["embedding"].is_deleted()  # donated
+    grads = jax.tree.map(lambda p, n: p - np.asarray(n), params, new_state.params)
+    assert_trees_close(grads, ref_grads, GRAD_TOL)
+    np.testing.assert_allclose(float(metrics["loss"]), ref_loss, rtol=1e-5, atol=1e-5)
+    for key in ("tokens", "beta_comp_mean", "beta_stab_mean", "entropy_min", "entropy_max"):
+        np.testing.assert_allclose(float(metrics[key]), ref_metrics[key], rtol=2e-5, err_msg=key)
+    assert int(new_state.step) == 1
+
+
+def test_non_finite_loss_skips_the_update(setups):
+    cfg, params, batch = setups["tiny-qwen3"]
+    *_, compiled, _ = run_step(setups, "tiny-qwen3", (1, 1, 1))
+    opt = optax.sgd(1.0)
+    state = train_state_from_params(params, opt, compiled.input_shardings[0][0])
+    bad = dict(batch, advantages=np.where(np.arange(B) == 3, np.nan, batch["advantages"]))
+    new_state, metrics = compiled(state, bad)
+    assert float(metrics["update_skipped"]) == 1.0
+    assert int(new_state.step) == 0
+    assert_trees_close(new_state.params, params, 0.0)
+
+
+def test_logprob_fn_matches_full_softmax(setups):
+    cfg, params, batch = setups["tiny-qwen2"]
+    mesh = sub_mesh((1, 2, 4))
+    fn = make_logprob_fn(cfg, mesh, DEFAULT_RULES, batch_size=B)
+    logp, ent = fn(jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES)), batch)
+    logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
+    logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
+    want_logp = np.take_along_axis(logpi[:, :-1], batch["tokens"][:, 1:, None], -1)[..., 0]
+    want_ent = -(np.exp(logpi) * logpi).sum(-1)[:, :-1]
+    np.testing.assert_allclose(np.asarray(logp)[:, 1:], want_logp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent)[:, 1:], want_ent, rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(logp)[:, 0] == 0.0)
+
+
+def test_bad_batch_geometry_fails_before_compiling(setups):
+    cfg, _, _ = setups["tiny-qwen2"]
+    mesh = sub_mesh((2, 2, 2))
+    opt = optax.sgd(1.0)
+    with pytest.raises(ValueError, match="micro_batches must be >= 1 and divide batch_size 8"):
+        make_train_step(cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=8, micro_batches=3)
+    with pytest.raises(ValueError, match="batch size 2 does not divide over the act_batch"):
+        make_train_step(cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=8, micro_batches=4)
