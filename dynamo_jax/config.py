@@ -249,10 +249,6 @@ def check_cross_fields(run: RunConfig) -> None:
         raise ValueError(
             f"temperature.total_steps ({temp.total_steps}) must equal train.steps ({train.steps})"
         )
-    if run.eval.every_steps and run.eval.every_steps > train.steps:
-        raise ValueError(
-            f"eval.every_steps={run.eval.every_steps} exceeds train.steps={train.steps}"
-        )
 
 
 def to_json_dict(run: RunConfig) -> dict:

@@ -320,6 +320,16 @@ def rl_step(tr: Trainer, step: int) -> dict:
 # ----------------------------------------------------------------------------- building
 
 
+def _mesh_devices(shape: tuple[int, ...]) -> list:
+    """All devices, or the first prod(shape) of them when the shape is fixed and smaller (a
+    1-device config then runs unchanged on a host with more devices, e.g. simulated ones)."""
+    devices = jax.devices()
+    if -1 not in shape and 0 < int(np.prod(shape)) < len(devices) and jax.process_count() == 1:
+        log.warning("mesh %s uses %d of %d devices", shape, int(np.prod(shape)), len(devices))
+        return devices[: int(np.prod(shape))]
+    return devices
+
+
 def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     """Mesh, task, model state, jitted functions, engine, allocator and scheduler."""
     from dynamo_jax.sharding.forward import make_logprob_fn
@@ -330,7 +340,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     )
     from dynamo_jax.sharding.step import make_train_step
 
-    mesh = build_mesh(cfg.mesh)
+    mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
     optimizer = make_optimizer(cfg.optim, cfg.train.steps * updates_per_step(cfg))
     train_step, state_shardings, batch_shardings = make_train_step(

@@ -58,6 +58,7 @@ def _short_config(method="e3", steps=10, every=3):
     config.checkpoint.every_steps = every
     config.checkpoint.max_to_keep = 2
     config.logging.plots_at_end = False
+    config.eval.every_steps = 0
     if config.temperature.anneal:
         config.temperature.total_steps = steps
     return config
@@ -131,6 +132,7 @@ def _launch(workdir, steps, every, method="e3"):
         "--config.logging.progress_bar=False",
         "--config.logging.tensorboard=False",
         "--config.logging.plots_at_end=False",
+        "--config.eval.every_steps=0",
     ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -190,7 +192,7 @@ def test_ctrl_c_checkpoints_and_exits(tmp_path, monkeypatch):
         return metrics
 
     monkeypatch.setattr(train, "rl_step", step_then_interrupt)
-    config = _short_config(method="dynamo", steps=6, every=5)
+    config = _short_config(method="grpo", steps=6, every=5)
     summary = train.run(from_config_dict(config), tmp_path)
     assert summary == {"status": "interrupted", "last_step": 2, "skipped_updates": 0}
     ckpt = Checkpointer(tmp_path / "checkpoints", CheckpointConfig())
@@ -199,25 +201,31 @@ def test_ctrl_c_checkpoints_and_exits(tmp_path, monkeypatch):
 
 
 def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
-    from dynamo_jax import tasks
+    real_old_logprobs = train.old_logprobs
 
-    def nan_rewards(self, completions):
-        return np.full(len(completions), np.nan, np.float32), {}
+    def poisoned(tr, batch, timings):  # a numerical failure: π_old overflowed from step 2 on
+        real_old_logprobs(tr, batch, timings)
+        if tr.history.visits.sum() > 0:
+            batch["old_logp"] = np.full_like(batch["old_logp"], np.nan)
 
-    monkeypatch.setattr(tasks.Task, "score", nan_rewards)
+    monkeypatch.setattr(train, "old_logprobs", poisoned)
     config = _short_config(method="grpo", steps=6, every=1)
     config.train.max_consecutive_nonfinite = 3
     summary = train.run(from_config_dict(config), tmp_path)
     records = read_metrics(tmp_path)
-    # 2 updates per step are skipped: the limit of 3 in a row is crossed during step 2.
+    # Step 1 applies its 2 updates; steps 2 and 3 skip theirs, and the limit of 3 skipped
+    # updates in a row is crossed during step 3, which ends the run.
     assert summary["status"] == "stopped: non-finite updates"
-    assert summary["last_step"] == 2 and summary["skipped_updates"] == 4
-    assert [r["nonfinite/consecutive"] for r in records] == [2, 4]
-    assert all(r["train/applied_updates"] == 0 for r in records)
-    # The only checkpoint is step 1's, holding the untouched (finite) initial parameters.
+    assert summary["last_step"] == 3 and summary["skipped_updates"] == 4
+    assert [r["nonfinite/consecutive"] for r in records] == [0, 2, 4]
+    assert [r["train/applied_updates"] for r in records] == [2, 2, 2]
+    # Steps 1 and 2 were checkpointed (the skipped updates left finite parameters); the step
+    # that hit the limit was not.
     ckpt = Checkpointer(tmp_path / "checkpoints", CheckpointConfig())
-    assert ckpt.all_steps() == [1]
+    assert ckpt.all_steps() == [1, 2]
     ckpt.close()
+    _, params, _ = _final_state(tmp_path, config)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
 # ----------------------------------------------------------------------------- helpers
