@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.math_check import make_verdict, precheck, score_one
 from dynamo_jax.rewards.verdict import Verdict
-from dynamo_jax.rewards.worker import worker_main
+from dynamo_jax.rewards.worker import READY, worker_main
 
 __all__ = ["RewardPool", "Verdict", "score_one"]
 
@@ -40,12 +40,18 @@ _PRELOAD_MODULE = "dynamo_jax.rewards.preload"
 
 # How often an item past its CPU limit in wall time, but not yet in CPU time, is re-checked.
 _POLL_S = 0.1
+# A worker must import and warm up the parsers within this (seconds; cold spawn ~2-5 s).
+_START_TIMEOUT_S = 300.0
+# Replacements that die before they are ready, in one `score` call, before giving up.
+_MAX_START_FAILURES = 8
 
 
 @dataclasses.dataclass
 class _Worker:
     process: multiprocessing.process.BaseProcess
     conn: Connection
+    born: float = dataclasses.field(default_factory=time.monotonic)
+    ready: bool = False
 
 
 @dataclasses.dataclass
@@ -54,6 +60,15 @@ class _InFlight:
     index: int
     start_wall: float
     start_cpu: float | None
+
+
+def _got_ready(worker: _Worker) -> bool:
+    """Read a warming worker's first message; True (and marked ready) if it is READY."""
+    try:
+        worker.ready = worker.conn.recv() == READY
+    except (EOFError, OSError):
+        worker.ready = False
+    return worker.ready
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -68,6 +83,9 @@ def _cpu_seconds(pid: int) -> float | None:
 
 class RewardPool:
     """Scores completions in `cfg.num_workers` processes with a per-item deadline.
+
+    One `score` call at a time (not thread-safe). Workers start on `start()` / `with`, or
+    lazily on the first `score`.
 
     `restarts` counts workers replaced after dying or overrunning their deadline.
     """
@@ -90,10 +108,17 @@ class RewardPool:
         self.close()
 
     def start(self) -> None:
+        """Start the workers and wait until each has warmed up its parsers."""
         if self._closed:
             raise RuntimeError("RewardPool is closed")
         while len(self._workers) < self.cfg.num_workers:
             self._workers.append(self._spawn())
+        for worker in self._workers:
+            if not worker.ready and not (worker.conn.poll(_START_TIMEOUT_S) and _got_ready(worker)):
+                raise RuntimeError(
+                    f"reward worker {worker.process.pid} did not start "
+                    f"(exit code {worker.process.exitcode})"
+                )
 
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self._workers]
@@ -140,41 +165,12 @@ class RewardPool:
         return results  # type: ignore[return-value]
 
     def _run(self, pending, texts, golds, results) -> None:
-        cfg = self.cfg
-        idle = list(self._workers)
-        busy: dict[int, _InFlight] = {}  # keyed by id(conn)
-        while pending or busy:
-            while pending and idle:
-                worker, index = idle.pop(), pending.popleft()
-                try:
-                    worker.conn.send((index, texts[index], golds[index]))
-                except (BrokenPipeError, OSError):  # died while idle: retry on a fresh one
-                    idle.append(self._replace(worker))
-                    pending.appendleft(index)
-                    continue
-                cpu = _cpu_seconds(worker.process.pid)
-                busy[id(worker.conn)] = _InFlight(worker, index, time.monotonic(), cpu)
-            wait_s = min(self._next_check(job, time.monotonic()) for job in busy.values())
-            for conn in wait([job.worker.conn for job in busy.values()], timeout=wait_s):
-                job = busy.pop(id(conn))
-                try:
-                    _, verdict = conn.recv()
-                except (EOFError, OSError):
-                    code = job.worker.process.exitcode
-                    results[job.index] = make_verdict(
-                        "parse_error", cfg, detail=f"reward worker died (exit code {code})"
-                    )
-                    idle.append(self._replace(job.worker))
-                    continue
-                results[job.index] = verdict
-                idle.append(job.worker)
-            now = time.monotonic()
-            for key, job in list(busy.items()):
-                reason = self._overdue(job, now)
-                if reason is not None:
-                    del busy[key]
-                    results[job.index] = make_verdict("timeout", cfg, detail=reason)
-                    idle.append(self._replace(job.worker))
+        """Dispatch loop: one item per ready worker; replacements join once warmed up."""
+        batch = _Batch(self, pending, texts, golds, results)
+        while batch.pending or batch.busy:
+            batch.dispatch()
+            batch.collect()
+            batch.reap_overdue()
 
     def _next_check(self, job: _InFlight, now: float) -> float:
         """Seconds until `job` could be overdue (re-polled while it waits for the CPU)."""
@@ -217,3 +213,79 @@ class RewardPool:
                 worker.process.join(timeout=5)
             worker.conn.close()
         self._workers = []
+
+
+class _Batch:
+    """The state of one `score` call: idle, warming and busy workers, and the results."""
+
+    def __init__(self, pool: RewardPool, pending, texts, golds, results):
+        self.pool, self.cfg = pool, pool.cfg
+        self.pending, self.texts, self.golds, self.results = pending, texts, golds, results
+        self.idle = [w for w in pool._workers if w.ready]
+        self.warming = {id(w.conn): w for w in pool._workers if not w.ready}  # by id(conn)
+        self.busy: dict[int, _InFlight] = {}  # by id(conn)
+        self.start_failures = 0
+
+    def replace(self, worker: _Worker) -> None:
+        fresh = self.pool._replace(worker)
+        self.warming[id(fresh.conn)] = fresh
+
+    def dispatch(self) -> None:
+        while self.pending and self.idle:
+            worker, index = self.idle.pop(), self.pending.popleft()
+            try:
+                worker.conn.send((index, self.texts[index], self.golds[index]))
+            except (BrokenPipeError, OSError):  # died while idle: retry on a fresh one
+                self.replace(worker)
+                self.pending.appendleft(index)
+                continue
+            cpu = _cpu_seconds(worker.process.pid)
+            self.busy[id(worker.conn)] = _InFlight(worker, index, time.monotonic(), cpu)
+
+    def collect(self) -> None:
+        """Wait for the next answer, death, ready signal or deadline check, and handle them."""
+        now = time.monotonic()
+        waits = [self.pool._next_check(job, now) for job in self.busy.values()]
+        conns = [job.worker.conn for job in self.busy.values()]
+        if self.pending:  # only then is it worth waiting for a warming worker
+            waits += [max(0.0, w.born + _START_TIMEOUT_S - now) for w in self.warming.values()]
+            conns += [w.conn for w in self.warming.values()]
+        for conn in wait(conns, timeout=min(waits)):
+            if id(conn) in self.warming:
+                self._on_ready(self.warming.pop(id(conn)))
+                continue
+            job = self.busy.pop(id(conn))
+            try:
+                _, verdict = conn.recv()
+            except (EOFError, OSError):
+                code = job.worker.process.exitcode
+                self.results[job.index] = make_verdict(
+                    "parse_error", self.cfg, detail=f"reward worker died (exit code {code})"
+                )
+                self.replace(job.worker)
+                continue
+            self.results[job.index] = verdict
+            self.idle.append(job.worker)
+
+    def _on_ready(self, worker: _Worker) -> None:
+        if _got_ready(worker):
+            self.idle.append(worker)
+            return
+        self.start_failures += 1
+        if self.start_failures > _MAX_START_FAILURES:
+            raise RuntimeError("reward workers keep dying during start-up")
+        self.replace(worker)
+
+    def reap_overdue(self) -> None:
+        """Kill and replace workers past their item's deadline (or stuck starting up)."""
+        now = time.monotonic()
+        for key, job in list(self.busy.items()):
+            reason = self.pool._overdue(job, now)
+            if reason is not None:
+                del self.busy[key]
+                self.results[job.index] = make_verdict("timeout", self.cfg, detail=reason)
+                self.replace(job.worker)
+        for key, worker in list(self.warming.items()):
+            if now - worker.born > _START_TIMEOUT_S:
+                del self.warming[key]
+                self.replace(worker)

@@ -12,6 +12,9 @@ from multiprocessing.connection import Connection
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.math_check import score_one
 
+# First message of every worker: it is warm and ready for items (their deadlines start later).
+READY = "ready"
+
 
 def _cap_memory(limit_mb: int) -> None:
     if limit_mb <= 0:
@@ -29,6 +32,7 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
     # Already warm when forked from the preloaded forkserver (then this takes milliseconds);
     # under spawn it keeps first-use costs out of the first items' time limits.
     warm_up(cfg)
+    conn.send(READY)
     while True:
         try:
             message = conn.recv()
