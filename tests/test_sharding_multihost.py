@@ -60,3 +60,111 @@ def test_single_process_feeds_the_whole_batch():
     with pytest.raises(ValueError, match="must feed rows \\[0, 8\\) = 8 rows, got 4"):
         make_global_batch({"tokens": local["tokens"][:4]}, {"tokens": rows}, 8)
     assert jax.process_count() == 1
+
+
+# --- Two processes on 127.0.0.1 vs one process, both running the real train step. -----------
+
+MH_BATCH, MH_LEN, MH_STEPS = 8, 12, 2
+
+
+def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> None:
+    """One process of the comparison: 2 optimizer steps of tiny-qwen2 on a (1, 2, 2) mesh.
+
+    With two processes the `fsdp` axis spans them (devices are ordered process-major), so every
+    step all-gathers parameters and reduce-scatters gradients across processes.
+    """
+    import optax
+
+    from dynamo_jax.losses import LossConfig
+    from dynamo_jax.models.presets import get_preset
+    from dynamo_jax.models.qwen import positions_from_mask
+    from dynamo_jax.sharding.step import make_train_step
+    from dynamo_jax.sharding.state import init_train_state
+
+    if num_processes > 1:
+        initialize_distributed(DistributedConfig(f"127.0.0.1:{port}", num_processes, process_id))
+    from jax.experimental import multihost_utils
+
+    cfg = get_preset("tiny-qwen2")
+    mesh = build_mesh(MeshConfig(shape=(1, 2, 2)))
+    opt = optax.adamw(1e-2)
+    step, state_sh, batch_sh = make_train_step(
+        cfg, LossConfig(), opt, mesh, DEFAULT_RULES, batch_size=MH_BATCH
+    )
+    state = init_train_state(cfg, opt, mesh, DEFAULT_RULES, jax.random.key(0))
+    losses = []
+    for i in range(MH_STEPS):
+        rng = np.random.default_rng(i)  # the same global batch on every process
+        mask = np.ones((MH_BATCH, MH_LEN), np.int32)
+        loss_mask = np.zeros((MH_BATCH, MH_LEN), np.float32)
+        loss_mask[:, 4:] = 1.0
+        full = dict(
+            tokens=rng.integers(1, cfg.vocab_size, (MH_BATCH, MH_LEN)).astype(np.int32),
+            positions=np.asarray(positions_from_mask(mask)),
+            attention_mask=mask,
+            loss_mask=loss_mask,
+            advantages=rng.normal(size=MH_BATCH).astype(np.float32),
+            old_logp=np.full((MH_BATCH, MH_LEN), -6.2, np.float32),
+            temperature=np.float32(1.0),
+        )
+        rows = local_batch_rows(batch_sh["tokens"], MH_BATCH)
+        local = {k: (v if k == "temperature" else v[rows]) for k, v in full.items()}
+        state, metrics = step(state, make_global_batch(local, batch_sh, MH_BATCH))
+        losses.append(float(metrics["loss"]))
+    params = multihost_utils.process_allgather(state.params, tiled=True)
+    if process_id == 0:
+        flat = {
+            jax.tree_util.keystr(p): np.asarray(x)
+            for p, x in jax.tree_util.tree_leaves_with_path(params)
+        }
+        np.savez(
+            out_path, losses=np.asarray(losses), rows=np.asarray([rows.start, rows.stop]), **flat
+        )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(out_path, num_processes, process_id, port, devices):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    cmd = [sys.executable, __file__, str(out_path), str(num_processes), str(process_id), str(port)]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def test_two_processes_match_one_process_with_four_devices(tmp_path):
+    port = _free_port()
+    procs = [
+        _spawn(tmp_path / "multi.npz", 2, 0, port, devices=2),
+        _spawn(tmp_path / "multi_p1.npz", 2, 1, port, devices=2),
+        _spawn(tmp_path / "single.npz", 1, 0, 0, devices=4),
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out[-3000:]
+    multi, single = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
+    assert list(multi["rows"]) == [0, MH_BATCH // 2]  # process 0 fed only its half
+    assert list(single["rows"]) == [0, MH_BATCH]
+    assert set(multi.files) == set(single.files)
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-6, atol=1e-7)
+    for key in set(multi.files) - {"losses", "rows"}:
+        np.testing.assert_allclose(multi[key], single[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    # Two adamw steps at lr 1e-2 moved every matrix: the comparison is not of untouched params.
+    assert not np.allclose(multi["['embed']['embedding']"], 0.0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
