@@ -1,9 +1,20 @@
-"""Multi-host helpers (dynamo_jax/sharding/multihost.py): config, env parsing, batch feeding."""
+"""Multi-host helpers (dynamo_jax/sharding/multihost.py): config, env parsing, batch feeding,
+and two real processes joined by jax.distributed against one process with the same devices."""
+
+import os
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
+import optax
 import pytest
+from jax.experimental import multihost_utils
 
+from dynamo_jax.losses import LossConfig
+from dynamo_jax.models.presets import get_preset
+from dynamo_jax.models.qwen import positions_from_mask
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.sharding.multihost import (
     DistributedConfig,
@@ -13,6 +24,8 @@ from dynamo_jax.sharding.multihost import (
     resolve_distributed_config,
 )
 from dynamo_jax.sharding.rules import DEFAULT_RULES, batch_sharding, replicated
+from dynamo_jax.sharding.state import init_train_state
+from dynamo_jax.sharding.step import make_train_step
 
 
 def test_env_vars_fill_unset_fields_and_config_wins():
@@ -73,18 +86,8 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> No
     With two processes the `fsdp` axis spans them (devices are ordered process-major), so every
     step all-gathers parameters and reduce-scatters gradients across processes.
     """
-    import optax
-
-    from dynamo_jax.losses import LossConfig
-    from dynamo_jax.models.presets import get_preset
-    from dynamo_jax.models.qwen import positions_from_mask
-    from dynamo_jax.sharding.step import make_train_step
-    from dynamo_jax.sharding.state import init_train_state
-
     if num_processes > 1:
         initialize_distributed(DistributedConfig(f"127.0.0.1:{port}", num_processes, process_id))
-    from jax.experimental import multihost_utils
-
     cfg = get_preset("tiny-qwen2")
     mesh = build_mesh(MeshConfig(shape=(1, 2, 2)))
     opt = optax.adamw(1e-2)
@@ -123,18 +126,12 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> No
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def _spawn(out_path, num_processes, process_id, port, devices):
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     cmd = [sys.executable, __file__, str(out_path), str(num_processes), str(process_id), str(port)]
@@ -165,6 +162,4 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
 
 
 if __name__ == "__main__":
-    import sys
-
     _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
