@@ -70,6 +70,7 @@ def run_jax(impl: str, n: int, reps: int, block_size: int) -> dict:
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     compiled = step.lower(h, w).compile()
     ma = compiled.memory_analysis()
+    print("COMPILED " + json.dumps(dict(temp_mb=ma.temp_size_in_bytes / 1e6)), flush=True)
     rss_inputs = _rss_mb()
 
     def call():
@@ -125,7 +126,10 @@ def _spawn(impl: str, n: int, args) -> dict | None:
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
-    print(f"  {impl} T={n} failed (rc {proc.returncode}): {proc.stderr.strip()[-400:]}")
+    why = "killed (out of memory?)" if proc.returncode == -9 else proc.stderr.strip()[-400:]
+    compiled = [ln for ln in proc.stdout.splitlines() if ln.startswith("COMPILED ")]
+    temp = f"; compiled temp {json.loads(compiled[0][9:])['temp_mb']:.1f} MB" if compiled else ""
+    print(f"{impl:8s} T={n:6d}  failed (rc {proc.returncode}): {why}{temp}", flush=True)
     return None
 
 
@@ -156,6 +160,7 @@ def main() -> None:
     p.add_argument("--no-big", action="store_true")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--impls", nargs="+", default=["chunked", "naive", "torch"])
     p.add_argument("--one", choices=["chunked", "naive", "torch"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -163,7 +168,7 @@ def main() -> None:
     print(f"D={D} V={V} fp32, T(emp)={TEMPERATURE}, block_size={args.block_size}, "
           f"reps={args.reps} (best of), cpus={os.cpu_count()}")  # fmt: skip
     res = {}
-    cases = [(impl, n) for n in args.tokens for impl in ("chunked", "naive", "torch")]
+    cases = [(impl, n) for n in args.tokens for impl in args.impls]
     if not args.no_big:
         cases.append(("chunked", args.big))
     for impl, n in cases:
