@@ -11,6 +11,7 @@ memory plan, without loading weights or data.
 """
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -23,6 +24,9 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
     del argv
+    if not flags.FLAGS["verbosity"].present:
+        # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
+        absl_logging.set_verbosity(absl_logging.WARNING)
     from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
 

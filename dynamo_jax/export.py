@@ -58,9 +58,9 @@ def export(
     step, params = restore_params(workdir, cfg, step)
     tokenizer = None
     if cfg.init.tokenizer:
-        from transformers import AutoTokenizer
+        from dynamo_jax.tasks import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(cfg.init.tokenizer)
+        tokenizer = load_tokenizer(cfg.init.tokenizer)
     out = save_hf_checkpoint(params, cfg.model, out_dir, tokenizer=tokenizer, dtype=dtype)
     print(f"exported step {step} of {workdir} to {out}")
     return Path(out)

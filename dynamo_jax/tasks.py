@@ -71,6 +71,20 @@ def _stop_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
+QWEN2_TOKENIZER = "qwen2"  # init.tokenizer value: the real Qwen2 vocabulary, built offline
+
+
+def load_tokenizer(spec: str) -> Any:
+    """An HF tokenizer directory, or "qwen2" for the Qwen2/2.5/3 vocabulary built offline."""
+    from dynamo_jax.models import tokenizer as tok
+
+    if spec == QWEN2_TOKENIZER:
+        return tok.build_qwen2_tokenizer()
+    if not spec:
+        raise ValueError("data.task='math' needs init.tokenizer (an HF tokenizer dir or 'qwen2')")
+    return tok.load_tokenizer(spec)
+
+
 def _load_rows(cfg: Any) -> tuple[Any, list, list, Any]:
     """(tokenizer, training rows, eval rows, scorer) for the data section's task."""
     from dynamo_jax import data
@@ -83,13 +97,9 @@ def _load_rows(cfg: Any) -> tuple[Any, list, list, Any]:
         rows = data.make_synthetic_dataset(syn)
         eval_rows = rows  # the task has no held-out split: evaluation re-asks its problems
         return data.synthetic_tokenizer(), rows, eval_rows, data.SyntheticScorer(cfg.reward)
-    if not cfg.init.tokenizer:
-        raise ValueError("data.task='math' needs init.tokenizer (an HF tokenizer directory)")
-    from transformers import AutoTokenizer
-
     from dynamo_jax.rewards import RewardPool
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.init.tokenizer)
+    tokenizer = load_tokenizer(cfg.init.tokenizer or cfg.init.checkpoint)
     opts = dict(fmt=d.format, on_bad_row=d.on_bad_row, id_field=d.id_field)
     rows, _ = data.load_files(d.paths, **opts)
     eval_rows = data.load_files(d.eval_paths, **opts)[0] if d.eval_paths else []

@@ -440,7 +440,7 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
     tr.load_host_state(restored.host)
     tr.engine.update_weights(tr.state.params, restored.step)
     truncate_metrics(workdir, restored.step)
-    log.info("resumed from step %d", restored.step)
+    print(f"resumed {workdir} from step {restored.step}", flush=True)
     return restored.step
 
 
