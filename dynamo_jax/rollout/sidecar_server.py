@@ -120,6 +120,9 @@ class Sidecar:
         # What every push must contain: the names and shapes of the checkpoint vLLM started
         # from. A push that misses a tensor would otherwise leave stale weights in place silently.
         self.expected_shapes = safetensors_shapes(self.model_dir)
+        if getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False):
+            # Some tied checkpoints still store lm_head.weight; vLLM ignores it, pushes omit it.
+            self.expected_shapes.pop("lm_head.weight", None)
         self.weight_version = 0
 
     def health(self, message: dict) -> dict:
@@ -136,9 +139,11 @@ class Sidecar:
         prompts = [
             TokensPrompt(prompt_token_ids=[int(t) for t in r["prompt_token_ids"]]) for r in live
         ]
+        greedy = float(s["temperature"]) == 0.0
         params = [
             SamplingParams(
-                n=int(r["n"]),
+                # vLLM refuses n > 1 when greedy; the n samples would be identical anyway.
+                n=1 if greedy else int(r["n"]),
                 temperature=float(s["temperature"]),
                 top_p=float(s["top_p"]),
                 top_k=int(s["top_k"]),
@@ -157,6 +162,8 @@ class Sidecar:
             samples = (
                 sorted(next(outputs).outputs, key=lambda c: c.index) if int(r["n"]) > 0 else []
             )
+            if greedy and samples:
+                samples = samples * int(r["n"])
             if len(samples) != int(r["n"]):
                 raise RuntimeError(
                     f"vLLM returned {len(samples)} samples for prompt_id {r['prompt_id']}, asked {r['n']}"
