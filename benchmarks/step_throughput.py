@@ -1,0 +1,150 @@
+"""Train-step throughput: the jitted JAX step vs HF transformers (PyTorch) forward + backward.
+
+    python benchmarks/step_throughput.py                      # CPU, two model shapes
+    python benchmarks/step_throughput.py --mfu --preset qwen2.5-math-1.5b --batch 8 --seq 2048 \
+        --no-torch --peak_tflops 989                          # on a GPU: MFU of the real shape
+
+Both sides run the same model shape on the same batch of random tokens and do a full policy
+update: forward, per-token log-probs of the sampled tokens, an advantage-weighted loss, backward
+and an AdamW step. JAX runs `sharding.step.make_train_step` (the trainer's own step with the
+DynaMO loss, which also computes entropy and K); PyTorch runs the model's forward with full
+logits, `log_softmax`, gather, backward and `torch.optim.AdamW`. Prints tokens/s for each and the
+ratio JAX / PyTorch (target >= 1.5x on CPU). With --mfu: model FLOPs utilisation,
+6·N·tokens/s (+ attention) over the device's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def model_cfg(preset: str, layers: int | None):
+    from dynamo_jax.models.presets import get_preset
+
+    overrides = {"scan_layers": True}
+    if layers:
+        overrides["num_layers"] = layers
+    return get_preset(preset, **overrides)
+
+
+def jax_tokens_per_s(cfg, batch: int, seq: int, iters: int, dtype: str) -> float:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from dynamo_jax.losses.config import LossConfig
+    from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+    from dynamo_jax.sharding.state import init_train_state
+    from dynamo_jax.sharding.step import make_train_step
+
+    cfg = cfg.replace(dtype=dtype)
+    mesh_cfg = MeshConfig(shape=(1, 1, 1))
+    mesh = build_mesh(mesh_cfg, jax.devices()[:1])
+    optimizer = optax.adamw(1e-5)
+    step, _, _ = make_train_step(
+        cfg, LossConfig.preset("dynamo"), optimizer, mesh, mesh_cfg.rules, batch_size=batch
+    )
+    state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32)
+    loss_mask = np.zeros((batch, seq), np.float32)
+    loss_mask[:, seq // 4 :] = 1.0  # a quarter prompt, the rest response
+    data = {
+        "tokens": tokens,
+        "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq)).copy(),
+        "attention_mask": np.ones((batch, seq), np.int32),
+        "loss_mask": loss_mask,
+        "advantages": rng.standard_normal(batch).astype(np.float32),
+        "old_logp": np.full((batch, seq), -float(np.log(cfg.vocab_size)), np.float32),
+        "temperature": np.float32(1.0),
+    }
+    data = jax.device_put(data)
+    state, m = step(state, data)  # compile
+    jax.block_until_ready(m)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        state, m = step(state, data)
+    jax.block_until_ready((state, m))
+    del jnp
+    return batch * seq * iters / (time.perf_counter() - t0)
+
+
+def torch_tokens_per_s(cfg, batch: int, seq: int, iters: int) -> float:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = cfg.to_hf_config(dtype="float32")
+    config = AutoConfig.for_model(hf.pop("model_type"), **hf)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen)
+    mask = torch.zeros(batch, seq - 1)
+    mask[:, seq // 4 :] = 1.0
+    adv = torch.randn(batch, 1, generator=gen)
+
+    def update():
+        logits = model(input_ids=tokens).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
+        loss = -(logp * adv * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    update()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        update()
+    return batch * seq * iters / (time.perf_counter() - t0)
+
+
+def train_flops_per_token(cfg, seq: int) -> float:
+    """6·N (matmul parameters, embeddings excluded unless tied to the head) + attention 12·L·d·s."""
+    n = cfg.num_params - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_word_embeddings else 1)
+    attn = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq / 2  # causal: half the keys
+    return 6 * n + attn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", help="model preset(s) (models/presets.py)")
+    parser.add_argument("--layers", type=int, default=2, help="override num_layers (0 = preset)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", help="JAX compute dtype")
+    parser.add_argument("--no-torch", dest="torch", action="store_false")
+    parser.add_argument("--mfu", action="store_true", help="print model FLOPs utilisation")
+    parser.add_argument("--peak_tflops", type=float, default=989.0, help="device peak (H100 bf16)")
+    args = parser.parse_args()
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    presets = args.preset or ["small-qwen3", "qwen2.5-0.5b"]
+    import jax
+
+    print(
+        f"devices: {jax.devices()}; batch {args.batch} x {args.seq} tokens, {args.iters} timed steps"
+    )
+    for preset in presets:
+        cfg = model_cfg(preset, args.layers or None)
+        jax_tps = jax_tokens_per_s(cfg, args.batch, args.seq, args.iters, args.dtype)
+        line = f"{preset} ({cfg.num_layers} layers, d={cfg.hidden_size}, V={cfg.vocab_size}): "
+        line += f"JAX step {jax_tps:,.0f} tokens/s"
+        if args.torch:
+            torch_tps = torch_tokens_per_s(cfg, args.batch, args.seq, args.iters)
+            line += f", PyTorch fwd+bwd {torch_tps:,.0f} tokens/s, ratio {jax_tps / torch_tps:.2f}x"
+        print(line, flush=True)
+        if args.mfu:
+            flops = train_flops_per_token(cfg, args.seq) * jax_tps
+            print(f"  MFU {flops / (args.peak_tflops * 1e12):.1%} of {args.peak_tflops:g} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
