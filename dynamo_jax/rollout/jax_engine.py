@@ -12,8 +12,9 @@ One `generate` call:
    costing compute;
 4. returns completions grouped by request in request order, then by sample index.
 
-Programs are keyed only by bucketed shapes and three sampling switches (greedy, top-k on, top-p
-on); temperature, top-k, top-p, max new tokens and stop ids are traced values. The number of
+Programs are keyed only by bucketed shapes (batch, prompt length, generation length, number of
+stop ids: powers of two with floors) and three sampling switches (greedy, top-k on, top-p on);
+temperature, top-k, top-p, max new tokens, seed and the stop ids themselves are traced values. The number of
 compilations is therefore bounded and exposed as `num_compilations` (counted when a program is
 traced, which for `jax.jit` happens exactly when it compiles a new variant).
 
