@@ -87,9 +87,8 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...
         return tuple(num_devices // known if s == -1 else s for s in shape)
     if known != num_devices:
         raise ValueError(
-            f"MeshConfig.shape {named} needs {known} devices but {num_devices} are available "
-            f"(jax.devices() on {jax.process_count()} process(es)); change the shape or use -1 "
-            "for one axis"
+            f"MeshConfig.shape {named} needs {known} devices but {num_devices} are available; "
+            "change the shape or use -1 for one axis"
         )
     return tuple(shape)
 

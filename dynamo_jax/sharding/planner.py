@@ -202,7 +202,7 @@ def run_dry_run(
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable lines for a `plan` / `run_dry_run` report."""
     per = report["per_device_bytes"]
-    gib = lambda b: f"{b / GIB:8.2f} GiB"
+    gib = lambda b: f"{b / GIB:8.2f} GiB" if b >= GIB / 10 else f"{b / 1024**2:8.2f} MiB"
     m = report["model"]
     lines = [
         f"model: {m['family']} {m['num_layers']}L d={m['hidden_size']} heads={m['num_heads']}/"
@@ -218,7 +218,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  batch        {gib(per['batch'])}",
         f"  temporaries  {gib(per['temporaries'])}",
         f"  peak         {gib(per['peak'])}",
-        f"fits {report['device_memory_gb']:g} GB device: {'YES' if report['fits'] else 'NO'}",
+        f"fits a {report['device_memory_gb']:g} GiB device: {'YES' if report['fits'] else 'NO'}",
         f"compiled in {report['compile_seconds']} s on {report['backend']} ({report['caveat']})",
     ]
     return "\n".join(lines)

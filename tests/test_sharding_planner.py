@@ -1,0 +1,67 @@
+"""Dry-run planner (dynamo_jax/sharding/planner.py) on a tiny preset, in a subprocess.
+
+The figures for Qwen2.5-Math-7B / Qwen3-14B come from benchmarks/dry_run_scaling.py (minutes
+each); here one small compile checks that the report is exact where it can be: parameter count
+against the config's closed form, per-device parameter and optimizer-state bytes against a hand
+count of the sharded shapes, and the peak against XLA's own memory analysis.
+"""
+
+import pytest
+
+from dynamo_jax.losses import LossConfig
+from dynamo_jax.models.presets import get_preset
+from dynamo_jax.sharding.mesh import MeshConfig
+from dynamo_jax.sharding.planner import GIB, format_report, run_dry_run
+
+
+@pytest.fixture(scope="module")
+def tiny_report():
+    # 1 MiB of "device memory": the tiny step's peak (~1.5 MB) must NOT fit.
+    return run_dry_run(
+        get_preset("tiny-qwen3"),
+        LossConfig(),
+        MeshConfig(shape=(1, -1, 1)),
+        num_devices=8,
+        batch_size=8,
+        seq_len=32,
+        device_memory_gb=1.0 / 1024,
+    )
+
+
+def test_report_counts_are_exact(tiny_report):
+    cfg = get_preset("tiny-qwen3")
+    assert tiny_report["num_params"] == cfg.num_params == 131_520
+    assert tiny_report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    # Every parameter has an `embed` (64) or `vocab` (512) dimension that fsdp=8 splits, except
+    # q_norm/k_norm scales ([layers=2, head_dim=32], replicated): 2 x 2 x 32 = 128 of them.
+    qk_norm = 2 * 2 * 32
+    per = tiny_report["per_device_bytes"]
+    assert per["params"] == 4 * ((cfg.num_params - qk_norm) // 8 + qk_norm)
+    # AdamW: mu and nu like the params, plus one int32 step counter.
+    assert per["opt_state"] == 2 * per["params"] + 4
+    # tokens/positions/attention_mask int32 and four float32 [8, 32] fields, 1 row per device,
+    # plus the replicated temperature.
+    assert per["batch"] == 6 * 32 * 4 + 4
+    xla = tiny_report["xla_memory_analysis"]
+    assert xla["argument"] == per["params"] + per["opt_state"] + per["batch"] + 4  # + step
+    assert per["peak"] == xla["argument"] + xla["output"] - xla["alias"] + xla["temp"]
+    assert per["temporaries"] > 0
+
+
+def test_fits_is_decided_against_device_memory(tiny_report):
+    assert tiny_report["per_device_bytes"]["peak"] > GIB / 1024
+    assert tiny_report["fits"] is False
+    text = format_report(tiny_report)
+    assert "parameters: 131,520" in text and "GiB device: NO" in text
+
+
+def test_mesh_not_matching_device_count_fails_before_spawning():
+    with pytest.raises(ValueError, match=r"needs 12 devices but 8 are available"):
+        run_dry_run(
+            get_preset("tiny-qwen3"),
+            LossConfig(),
+            MeshConfig(shape=(1, 3, 4)),
+            num_devices=8,
+            batch_size=8,
+            seq_len=32,
+        )
