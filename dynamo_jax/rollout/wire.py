@@ -25,7 +25,6 @@ _HEADER = struct.Struct(">I")
 # Bounds what an unauthenticated peer can make the server allocate.
 MAX_HELLO_BYTES = 4096
 MAX_FRAME_BYTES = 1 << 30
-SECRET_ENV = "DYNAMO_SIDECAR_SECRET"  # documented for people driving the sidecar by hand
 
 
 class WireError(ConnectionError):
