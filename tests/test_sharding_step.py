@@ -226,7 +226,8 @@ def test_non_finite_loss_skips_the_update(setups):
 def test_logprob_fn_matches_full_softmax(setups):
     cfg, params, batch = setups["tiny-qwen2"]
     mesh = sub_mesh((1, 2, 4))
-    fn = make_logprob_fn(cfg, mesh, DEFAULT_RULES, batch_size=B)
+    # Two strided micro-batches: the outputs must come back in the batch's row order.
+    fn = make_logprob_fn(cfg, mesh, DEFAULT_RULES, batch_size=B, micro_batches=2)
     logp, ent = fn(jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES)), batch)
     logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
     logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)

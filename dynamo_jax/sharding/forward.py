@@ -33,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE, sharded_token_logprobs_entropy
 from dynamo_jax.models.config import ModelConfig
@@ -135,36 +136,70 @@ def token_stats(
     return shift(logp), shift(ent), (shift(k) if return_k else None)
 
 
+def split_micro(rows: Mapping[str, Array], m: int, row_sharding: NamedSharding) -> dict:
+    """[B, ...] → [M, B/M, ...] with micro-batch i = rows i, i + M, i + 2M, ...
+
+    Strided, so each device's contiguous block of rows contributes equally to every
+    micro-batch and the split moves no data between devices.
+    """
+    spec = P(None, *row_sharding.spec)
+    out = {}
+    for key, x in rows.items():
+        x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
+        out[key] = jax.lax.with_sharding_constraint(x, NamedSharding(row_sharding.mesh, spec))
+    return out
+
+
+def unsplit_micro(x_MxBx: Array) -> Array:
+    """Inverse of `split_micro` for one array: back to [B, ...] in the original row order."""
+    return x_MxBx.swapaxes(0, 1).reshape((-1,) + x_MxBx.shape[2:])
+
+
 def make_logprob_fn(
     model_cfg: ModelConfig,
     mesh: Mesh,
     rules: LogicalRules,
     *,
     batch_size: int,
+    micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
 ):
     """A jitted `fn(params, batch) -> (logp_BxL, entropy_BxL)` for old/reference log-probs.
 
     `batch` needs `tokens`, `positions`, `attention_mask` and `temperature` (module convention);
-    the outputs are sharded like the batch rows and are zero in column 0.
+    the outputs are sharded like the batch rows and are zero in column 0. With
+    `micro_batches` > 1 the forward runs over strided micro-batches in sequence (`lax.map`), which
+    bounds activation memory (attention scores grow with rows × L²) for large rollout batches.
     """
+    if micro_batches < 1 or batch_size % micro_batches:
+        raise ValueError(
+            f"micro_batches must be >= 1 and divide batch_size {batch_size}, got {micro_batches}"
+        )
     act_rules = activation_rules(rules, mesh, model_cfg)
+    batch_sharding(mesh, act_rules, batch_size // micro_batches, ndim=1)  # clear error if uneven
     fields = MODEL_INPUT_FIELDS + ("temperature",)
     in_batch = batch_shardings(mesh, act_rules, batch_size, fields)
     out = batch_sharding(mesh, act_rules, batch_size, ndim=2)
+    row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
+    forward = functools.partial(
+        token_stats,
+        model_cfg=model_cfg,
+        mesh=mesh,
+        rules=act_rules,
+        return_k=False,
+        block_size=block_size,
+    )
 
     def fn(params, batch):
-        batch = {f: batch[f] for f in fields}
-        logp, ent, _ = token_stats(
-            params,
-            batch,
-            model_cfg=model_cfg,
-            mesh=mesh,
-            rules=act_rules,
-            return_k=False,
-            block_size=block_size,
+        temperature = batch["temperature"]
+        rows = {f: batch[f] for f in MODEL_INPUT_FIELDS}
+        if micro_batches == 1:
+            return forward(params, {**rows, "temperature": temperature})[:2]
+        micro = split_micro(rows, micro_batches, row_sh)
+        logp, ent = jax.lax.map(
+            lambda mb: forward(params, {**mb, "temperature": temperature})[:2], micro
         )
-        return logp, ent
+        return unsplit_micro(logp), unsplit_micro(ent)
 
     jitted = jax.jit(
         fn,

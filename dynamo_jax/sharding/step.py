@@ -18,8 +18,8 @@ of each micro-batch's loss, which the losses already divide by the mini-batch no
 update does not depend on M, at the cost of one extra forward pass (~1/3 more compute) when
 M > 1; with M = 1 the statistics come from the same forward, under stop-gradient.
 
-Micro-batch m takes rows m, m + M, m + 2M, ... (a strided split): each device's contiguous rows
-then contribute equally to every micro-batch, so splitting needs no communication.
+Micro-batch m takes rows m, m + M, m + 2M, ... (`forward.split_micro`): each device's
+contiguous rows then contribute equally to every micro-batch, so splitting moves no data.
 
 Non-finite loss or gradients: the update is not applied (params, optimizer state and `step` are
 kept via `jnp.where` on a finite flag) and `metrics["update_skipped"]` is 1; the training loop
@@ -53,7 +53,9 @@ from dynamo_jax.sharding.forward import (
     TRAIN_FIELDS,
     activation_rules,
     batch_shardings,
+    split_micro,
     token_stats,
+    unsplit_micro,
 )
 from dynamo_jax.sharding.rules import LogicalRules, batch_sharding, replicated, rule_axes
 from dynamo_jax.sharding.state import TrainState, train_state_shardings
@@ -89,20 +91,6 @@ def _token_batch(rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | 
         ref_logp=rows.get("ref_logp"),
         noise=rows.get("noise"),
     )
-
-
-def _split_micro(rows: Mapping[str, Array], m: int, row_sharding: NamedSharding) -> dict:
-    """[B, ...] → [M, B/M, ...] with micro-batch i = rows i, i + M, ... (no data movement)."""
-    spec = P(None, *row_sharding.spec)
-    out = {}
-    for key, x in rows.items():
-        x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
-        out[key] = lax.with_sharding_constraint(x, NamedSharding(row_sharding.mesh, spec))
-    return out
-
-
-def _merge_micro(x_MxBxL: Array) -> Array:
-    return x_MxBxL.reshape((-1,) + x_MxBxL.shape[2:])
 
 
 def _all_finite(loss: Array, grads: Any) -> Array:
@@ -172,18 +160,16 @@ def make_train_step(
     grad_fn = jax.value_and_grad(objective, has_aux=True)
 
     def accumulated_grads(params, rows, temperature):
-        micro = _split_micro(rows, micro_batches, row_sh)
+        micro = split_micro(rows, micro_batches, row_sh)
 
         def forward_only(_, mb):
             logp, ent, k = forward(params, {**mb, "temperature": temperature})
             return None, (logp, ent, k)
 
         _, (logp, ent, k) = lax.scan(forward_only, None, micro)
-        whole = {key: _merge_micro(x) for key, x in micro.items()}
-        k = None if k is None else _merge_micro(k)
-        stats = minibatch_stats(
-            _token_batch(whole, _merge_micro(logp), _merge_micro(ent), k), loss_cfg
-        )
+        k = None if k is None else unsplit_micro(k)
+        whole = _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k)
+        stats = minibatch_stats(whole, loss_cfg)
 
         def accumulate(acc, mb):
             (loss, metrics), g = grad_fn(params, mb, temperature, stats)
