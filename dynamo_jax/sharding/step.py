@@ -111,6 +111,53 @@ def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> Tr
     )
 
 
+def _make_compute_grads(forward, loss_cfg: LossConfig, micro_batches: int, row_sh, params_sh):
+    """`compute(params, rows, temperature) -> (loss, metrics, grads)` for the whole mini-batch.
+
+    `forward(params, batch) -> (logp, ent, k)` is `token_stats` bound to the model and mesh.
+    """
+    loss_fn = build_loss_fn(loss_cfg)
+
+    def objective(params, rows, temperature, stats):
+        logp, ent, k = forward(params, {**rows, "temperature": temperature})
+        tokens = _token_batch(rows, logp, ent, k)
+        if stats is None:  # single micro-batch: the mini-batch statistics of this very forward
+            stats = minibatch_stats(tokens, loss_cfg)
+        return loss_fn(tokens, stats)
+
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+    def single(params, rows, temperature):
+        (loss, metrics), grads = grad_fn(params, rows, temperature, None)
+        return loss, metrics, grads
+
+    def accumulated(params, rows, temperature):
+        micro = split_micro(rows, micro_batches, row_sh)
+        # Pass 1, forward only: the mini-batch statistics every micro-batch's loss needs.
+        _, (logp, ent, k) = lax.scan(
+            lambda _, mb: (None, forward(params, {**mb, "temperature": temperature})), None, micro
+        )
+        k = None if k is None else unsplit_micro(k)
+        stats = minibatch_stats(
+            _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k), loss_cfg
+        )
+
+        # Pass 2: float32 gradient sums; each micro-batch loss is already over the whole batch.
+        def accumulate(acc, mb):
+            (loss, metrics), g = grad_fn(params, mb, temperature, stats)
+            return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g), (loss, metrics)
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        acc, (losses, metrics) = lax.scan(
+            accumulate, lax.with_sharding_constraint(zeros, params_sh), micro
+        )
+        grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
+        per_micro = [jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(micro_batches)]
+        return jnp.sum(losses), functools.reduce(combine_metrics, per_micro), grads
+
+    return single if micro_batches == 1 else accumulated
+
+
 def make_train_step(
     model_cfg: ModelConfig,
     loss_cfg: LossConfig,
@@ -136,10 +183,8 @@ def make_train_step(
         )
     act_rules = activation_rules(rules, mesh, model_cfg)
     batch_sharding(mesh, act_rules, batch_size // micro_batches, ndim=1)  # clear error if uneven
-    fields = train_fields(loss_cfg)
     state_sh = train_state_shardings(model_cfg, optimizer, mesh, rules)
-    batch_sh = batch_shardings(mesh, act_rules, batch_size, fields)
-    row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
+    batch_sh = batch_shardings(mesh, act_rules, batch_size, train_fields(loss_cfg))
     forward = functools.partial(
         token_stats,
         model_cfg=model_cfg,
@@ -148,55 +193,18 @@ def make_train_step(
         return_k=loss_cfg.needs_k,
         block_size=block_size,
     )
-    loss_fn = build_loss_fn(loss_cfg)
-
-    def objective(params, rows, temperature, stats):
-        logp, ent, k = forward(params, {**rows, "temperature": temperature})
-        tokens = _token_batch(rows, logp, ent, k)
-        if stats is None:  # single micro-batch: the mini-batch statistics of this very forward
-            stats = minibatch_stats(tokens, loss_cfg)
-        return loss_fn(tokens, stats)
-
-    grad_fn = jax.value_and_grad(objective, has_aux=True)
-
-    def accumulated_grads(params, rows, temperature):
-        micro = split_micro(rows, micro_batches, row_sh)
-
-        def forward_only(_, mb):
-            logp, ent, k = forward(params, {**mb, "temperature": temperature})
-            return None, (logp, ent, k)
-
-        _, (logp, ent, k) = lax.scan(forward_only, None, micro)
-        k = None if k is None else unsplit_micro(k)
-        whole = _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k)
-        stats = minibatch_stats(whole, loss_cfg)
-
-        def accumulate(acc, mb):
-            (loss, metrics), g = grad_fn(params, mb, temperature, stats)
-            acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
-            return acc, (loss, metrics)
-
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        zeros = lax.with_sharding_constraint(zeros, state_sh.params)
-        acc, (losses, metrics) = lax.scan(accumulate, zeros, micro)
-        grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
-        per_micro = [jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(micro_batches)]
-        return jnp.sum(losses), functools.reduce(combine_metrics, per_micro), grads
+    row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
+    compute_grads = _make_compute_grads(forward, loss_cfg, micro_batches, row_sh, state_sh.params)
 
     def step(state: TrainState, batch: dict[str, Array]):
-        temperature = batch["temperature"]
         rows = {k: v for k, v in batch.items() if k != "temperature"}
-        if micro_batches == 1:
-            (loss, metrics), grads = grad_fn(state.params, rows, temperature, None)
-        else:
-            loss, metrics, grads = accumulated_grads(state.params, rows, temperature)
+        loss, metrics, grads = compute_grads(state.params, rows, batch["temperature"])
         grads = lax.with_sharding_constraint(grads, state_sh.params)
         finite = _all_finite(loss, grads)
-        new_state = _apply_update(state, grads, finite, optimizer)
         metrics = finalize_metrics(metrics)
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["update_skipped"] = 1.0 - finite.astype(jnp.float32)
-        return new_state, metrics
+        return _apply_update(state, grads, finite, optimizer), metrics
 
     train_step = jax.jit(
         step,
