@@ -269,14 +269,18 @@ def test_step_seeds_differ_per_stream_and_step():
     assert train.step_seed(0, 5, 0) == train.step_seed(0, 5, 0)
 
 
-def test_export_writes_a_transformers_checkpoint(tmp_path):
+def test_export_and_evaluation_engine_from_a_run(tmp_path):
+    """`python -m dynamo_jax.export` writes what transformers loads; `tasks.engine_for_checkpoint`
+    (what `python -m dynamo_jax.evaluate --checkpoint WORKDIR` needs) serves the run's weights."""
+    from dynamo_jax import tasks
     from dynamo_jax.export import export
+    from dynamo_jax.rollout.protocol import Request, SamplingParams
 
     config = _short_config(method="grpo", steps=1, every=1)
     train.run(from_config_dict(config), tmp_path / "run")
     out = export(tmp_path / "run", tmp_path / "hf", dtype="float32")
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model_type"] == "qwen3" and cfg["vocab_size"] == 32
+    hf_cfg = json.loads((out / "config.json").read_text())
+    assert hf_cfg["model_type"] == "qwen3" and hf_cfg["vocab_size"] == 32
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -288,3 +292,14 @@ def test_export_writes_a_transformers_checkpoint(tmp_path):
         rtol=0,
         atol=0,
     )
+    cfg = from_config_dict(config)
+    engine = tasks.engine_for_checkpoint(cfg, str(tmp_path / "run"))
+    task = tasks.build_task(cfg)
+    prompt_id = int(task.prompt_ids[0])
+    out = engine.generate(
+        [Request(prompt_id, task.prompt_tokens[0], 3)], SamplingParams(max_new_tokens=4, seed=1)
+    )
+    engine.close()
+    task.close()
+    assert [c.prompt_id for c in out] == [prompt_id] * 3
+    assert all(1 <= len(c.token_ids) <= 4 for c in out)
