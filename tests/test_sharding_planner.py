@@ -65,3 +65,30 @@ def test_mesh_not_matching_device_count_fails_before_spawning():
             batch_size=8,
             seq_len=32,
         )
+
+
+@pytest.mark.slow
+def test_qwen25_math_7b_dry_run_on_8_devices():
+    """The real 7B step compiled from abstract shapes on 8 simulated devices (fsdp=8), no
+    allocation: ~15 s of CPU, 1-2 min wall on a busy 2-core machine."""
+    cfg = get_preset(
+        "qwen2.5-math-7b", dtype="bfloat16", param_dtype="float32", remat_policy="full"
+    )
+    report = run_dry_run(
+        cfg,
+        LossConfig(),
+        MeshConfig(shape=(1, 8, 1)),
+        num_devices=8,
+        batch_size=8,
+        seq_len=2048,
+        device_memory_gb=80.0,
+    )
+    assert report["num_params"] == 7_615_616_512  # the published count
+    # fsdp splits every weight's `embed` dimension; only the q/k/v biases ([heads, head_dim],
+    # no embed axis) stay whole: 28 layers x (28 + 4 + 4) x 128 = 129,024 float32 values.
+    biases = 28 * (28 + 4 + 4) * 128
+    per = report["per_device_bytes"]
+    assert per["params"] == 4 * ((report["num_params"] - biases) // 8 + biases)
+    assert per["opt_state"] == 2 * per["params"] + 4
+    assert report["fits"] and per["peak"] < 80 * GIB
+    assert per["temporaries"] > GIB  # activations, gathered layers and gradients are counted
