@@ -4,8 +4,8 @@
 
 Runs configs/tiny.py once per (method, seed) with the same prompts per step, the same mean
 rollouts per prompt (so the same rollout budget B = N · n_avg per step) and the same number of
-steps, then prints, per method, the median number of steps until the mean reward (trailing
-5-step average) first reaches the target, and its ratio to GRPO's. A run that never reaches the
+steps, then prints, per method, the median number of steps until the mean per-prompt accuracy
+(`reward/prompt_mean`, trailing 5-step average) first reaches the target, and its ratio to GRPO's. A run that never reaches the
 target counts as steps + 1 (and is reported). Target from the issue: DynaMO <= 0.8x GRPO.
 """
 
@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 METHODS = ("grpo", "dynamo", "e3")
+# Per-prompt accuracy averaged uniformly over the step's prompts: the rollout-weighted batch mean
+# would favour DynaMO, which gives more rollouts to some prompts than to others.
+METRIC = "reward/prompt_mean"
 WINDOW = 5
 
 
@@ -50,7 +53,7 @@ def run_one(method: str, seed: int, steps: int, workdir: Path) -> list[float]:
     if config.temperature.anneal:
         config.temperature.total_steps = steps
     train.run(from_config_dict(config), workdir)
-    return [r["reward/mean"] for r in read_metrics(workdir)]
+    return [r[METRIC] for r in read_metrics(workdir)]
 
 
 def main() -> None:

@@ -301,6 +301,9 @@ def rl_step(tr: Trainer, step: int) -> dict:
     metrics.update(
         {
             "reward/mean": float(batch["rewards"][valid].mean()),
+            # Uniform over the step's prompts: unlike reward/mean it is not weighted by n_i,
+            # so it compares allocation policies fairly (DynaMO gives uncertain prompts more).
+            "reward/prompt_mean": float((groups["reward_sum"] / groups["count"]).mean()),
             "reward/zero_var_groups": float(groups["zero_variance"].mean()),
             "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
             "temperature": float(temperature),
