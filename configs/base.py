@@ -82,7 +82,9 @@ def jax_engine(max_batch: int = 256) -> mlc.ConfigDict:
     )
 
 
-def allocation(policy: str, n_avg: int, g_min: int, g_max: int) -> mlc.ConfigDict:
+def allocation(
+    policy: str, n_avg: int, g_min: int, g_max: int, decay: float = 1.0
+) -> mlc.ConfigDict:
     return mlc.ConfigDict(
         dict(
             policy=policy,  # uniform | dynamo | dynamo_released | e3
@@ -90,7 +92,7 @@ def allocation(policy: str, n_avg: int, g_min: int, g_max: int) -> mlc.ConfigDic
             g_min=g_min,  # fewest rollouts a prompt gets (>= 2 with std-normalised advantages)
             g_max=g_max,  # most rollouts a prompt gets
             min_history=2,  # DynaMO: prompts with fewer past rollouts get n_avg (Appendix D)
-            decay=1.0,  # multiply old (G_i, k_i) by this before adding a step's counts (1 = paper)
+            decay=decay,  # multiply old (G_i, k_i) by this before adding a step's counts (1 = paper)
             e3_curriculum_step=2,  # E3: widen [g_min, g_max] by this per epoch
             released_priority_floor=0.01,  # released heuristic: priority floor
             released_mastered_acc=0.85,  # released heuristic: accuracy marking a prompt mastered

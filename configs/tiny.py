@@ -32,10 +32,13 @@ def get_config(arg: str | None = None):
     config.rollout = base.rollout("jax", max_new_tokens=4)  # short answers: one digit + stop
     config.jax_engine = base.jax_engine(max_batch=128)
     config.allocation = {
-        "dynamo": base.allocation("dynamo", n_avg=8, g_min=2, g_max=16),
+        "dynamo": base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8),
         "grpo": base.allocation("uniform", n_avg=8, g_min=2, g_max=16),
         "e3": base.allocation("e3", n_avg=8, g_min=4, g_max=12),
     }[method]
+    # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
+    # changes within a few steps here; with the paper's 1.0 early failures of now-solved prompts
+    # keep their priority up and the tiny run can settle on one answer for every prompt.
     config.temperature = (
         base.temperature(
             "e3", 1.0, vocab_size=config.model.vocab_size, anneal=True, total_steps=steps

@@ -96,13 +96,17 @@ def _abstract(cfg):
 
 
 def test_tiny_config_learns(tmp_path):
-    """The README's default run: last 10% of steps ≥ first 10% + 0.5 mean reward (seed 0)."""
+    """The README's default run: last 10% of steps ≥ first 10% + 0.5 mean reward (seed 0).
+
+    Measured on 2026-11-22 (this config): per-prompt mean reward 0.05 → 0.80."""
     config = _quiet(tiny.get_config())
     summary = train.run(from_config_dict(config), tmp_path)
     assert summary["status"] == "finished"
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == list(range(1, config.train.steps + 1))
-    rewards = np.asarray([r["reward/mean"] for r in records])
+    # Per-prompt accuracy averaged uniformly over the step's prompts: the rollout-weighted
+    # reward/mean would also rise if DynaMO merely sent more rollouts to already-solved prompts.
+    rewards = np.asarray([r["reward/prompt_mean"] for r in records])
     tenth = len(rewards) // 10
     first, last = rewards[:tenth].mean(), rewards[-tenth:].mean()
     assert last >= first + 0.5, (first, last)
