@@ -20,6 +20,7 @@ from dynamo_jax.sharding.multihost import (
     DistributedConfig,
     initialize_distributed,
     local_batch_rows,
+    local_rows_of,
     make_global_batch,
     resolve_distributed_config,
 )
@@ -70,6 +71,9 @@ def test_single_process_feeds_the_whole_batch():
     out = make_global_batch(local, {"tokens": rows, "temperature": replicated(mesh)}, 8)
     np.testing.assert_array_equal(np.asarray(out["tokens"]), local["tokens"])
     assert out["tokens"].sharding == rows and float(out["temperature"]) == 0.5
+    np.testing.assert_array_equal(local_rows_of(out["tokens"]), local["tokens"])
+    again = make_global_batch(dict(local, tokens=out["tokens"]), {"tokens": rows}, 8)
+    assert again["tokens"] is out["tokens"]  # already global with this sharding: passed through
     with pytest.raises(ValueError, match="must feed rows \\[0, 8\\) = 8 rows, got 4"):
         make_global_batch({"tokens": local["tokens"][:4]}, {"tokens": rows}, 8)
     assert jax.process_count() == 1
@@ -112,7 +116,9 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> No
         )
         rows = local_batch_rows(batch_sh["tokens"], MH_BATCH)
         local = {k: (v if k == "temperature" else v[rows]) for k, v in full.items()}
-        state, metrics = step(state, make_global_batch(local, batch_sh, MH_BATCH))
+        batch = make_global_batch(local, batch_sh, MH_BATCH)
+        np.testing.assert_array_equal(local_rows_of(batch["tokens"]), local["tokens"])
+        state, metrics = step(state, batch)
         losses.append(float(metrics["loss"]))
     params = multihost_utils.process_allgather(state.params, tiled=True)
     if process_id == 0:
@@ -147,9 +153,14 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
         _spawn(tmp_path / "multi_p1.npz", 2, 1, port, devices=2),
         _spawn(tmp_path / "single.npz", 1, 0, 0, devices=4),
     ]
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, out[-3000:]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:  # never leave a peer behind to join the next run's coordinator
+            if p.poll() is None:
+                p.kill()
+    for i, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
     multi, single = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
     assert list(multi["rows"]) == [0, MH_BATCH // 2]  # process 0 fed only its half
     assert list(single["rows"]) == [0, MH_BATCH]

@@ -163,13 +163,19 @@ def make_global_batch(
 
     Arrays whose sharding is replicated (e.g. the scalar temperature) must be identical on every
     process and are passed whole. Others are this process's `local_batch_rows` of the batch.
+    A value that is already a global jax.Array with the target sharding (e.g. old log-probs
+    straight from `make_logprob_fn`) passes through untouched.
     """
     missing = set(shardings) - set(local_batch)
     if missing:
         raise KeyError(f"local batch is missing fields {sorted(missing)}")
     out = {}
     for key, sharding in shardings.items():
-        local = np.asarray(local_batch[key])
+        value = local_batch[key]
+        if isinstance(value, jax.Array) and value.sharding == sharding:
+            out[key] = value
+            continue
+        local = np.asarray(value)
         if sharding.is_fully_replicated:
             out[key] = jax.make_array_from_process_local_data(sharding, local, local.shape)
             continue
@@ -182,3 +188,16 @@ def make_global_batch(
         global_shape = (global_batch_size, *local.shape[1:])
         out[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
     return out
+
+
+def local_rows_of(x: jax.Array) -> np.ndarray:
+    """This process's rows of a batch-sharded global array, in order (replicas counted once).
+
+    Call on EVERY process; each gets its own `local_batch_rows` block (the whole array on one
+    process). For per-row host work such as logging a process's own sequences.
+    """
+    by_start = {}
+    for shard in x.addressable_shards:
+        start = (shard.index[0].start or 0) if shard.index else 0
+        by_start.setdefault(start, shard)
+    return np.concatenate([np.asarray(by_start[k].data) for k in sorted(by_start)])
