@@ -6,7 +6,7 @@ prints a markdown table of per-device memory. Nothing is allocated; each row tak
 2-core machine. Named peer: the same 7B shape with remat off, to show what remat buys
 (printed as the ratio of temporaries, remat=none / remat=full).
 
-    python benchmarks/dry_run_scaling.py            # the whole grid
+    python benchmarks/dry_run_scaling.py            # the whole grid (13 rows)
     python benchmarks/dry_run_scaling.py --only 7b  # just the 7B rows
 """
 
@@ -26,6 +26,7 @@ GRID = [
     ("qwen2.5-math-7b", 8, (1, 8, 1), 8, 2048, 1, "full"),
     ("qwen2.5-math-7b", 8, (1, 8, 1), 8, 4096, 1, "full"),
     ("qwen2.5-math-7b", 8, (1, 8, 1), 16, 4096, 1, "full"),
+    ("qwen2.5-math-7b", 8, (1, 8, 1), 48, 4096, 1, "full"),
     ("qwen2.5-math-7b", 8, (1, 8, 1), 8, 8192, 1, "full"),
     ("qwen2.5-math-7b", 8, (1, 8, 1), 64, 4096, 8, "full"),
     ("qwen2.5-math-7b", 8, (1, 4, 2), 8, 4096, 1, "full"),
@@ -33,6 +34,7 @@ GRID = [
     ("qwen3-14b", 16, (1, 16, 1), 16, 2048, 1, "full"),
     ("qwen3-14b", 16, (1, 16, 1), 16, 4096, 1, "full"),
     ("qwen3-14b", 16, (1, 16, 1), 32, 4096, 1, "full"),
+    ("qwen3-14b", 16, (1, 16, 1), 16, 8192, 1, "full"),
     ("qwen3-14b", 16, (1, 8, 2), 16, 4096, 1, "full"),
 ]
 
@@ -86,7 +88,7 @@ def main() -> None:
         if args.jsonl:
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps({"row": list(row), "report": report}) + "\n")
-    full, none = GRID[0], GRID[6]
+    full, none = GRID[0], GRID[7]
     if full in reports and none in reports:
         t_full = reports[full]["per_device_bytes"]["temporaries"]
         t_none = reports[none]["per_device_bytes"]["temporaries"]
