@@ -2,10 +2,14 @@
 
 Peer: (b) the naive full-logits JAX version and (c) PyTorch's straightforward
 log_softmax + entropy (how verl computes it without its fused kernel), same inputs.
-Each case runs in its own subprocess so peak RSS figures do not contaminate each other.
+Compiled memory (XLA temp) comes from compile-only memory analysis of abstract shapes (no
+execution, no inputs), so it is cheap for every size, naive at 16k tokens included. Timed runs
+(a few minutes each on 2 CPU cores) each go in their own subprocess so peak RSS figures do not
+contaminate each other.
 
-    python benchmarks/loss_memory.py                      # T = 2048, 4096 (+16384 chunked only)
-    python benchmarks/loss_memory.py --tokens 512 --no-big           # quick look
+    python benchmarks/loss_memory.py          # memory: T = 2048, 4096, 16384; timing: T = 2048
+    python benchmarks/loss_memory.py --tokens 2048 4096 --time-big   # also time 4096, 16k chunked
+    python benchmarks/loss_memory.py --no-time --mem-tokens 512      # quick look
 
 Loss: Σ_t c1_t log π(a_t) + c2_t H_t with random c, gradient w.r.t. hidden states and W,
 D = 1536, V = 151,936 (Qwen2.5-1.5B), fp32, temperature 0.7. Prints compiled memory
@@ -51,15 +55,17 @@ def _time(fn, reps: int) -> tuple[float, object]:
     return best, out
 
 
-def run_jax(impl: str, n: int, reps: int, block_size: int) -> dict:
+def _step(impl: str, t, c, block_size: int, vocab_tile: int):
+    """jit(value_and_grad) of Σ c1 log π(a) + c2 H w.r.t. (hidden, W) for one implementation."""
     import jax
     import jax.numpy as jnp
 
     from dynamo_jax.losses import naive_token_logprobs_entropy, token_logprobs_entropy
 
-    h, w, t, c = (jnp.asarray(x) for x in _inputs(n))
     if impl == "chunked":
-        f = lambda h, w: token_logprobs_entropy(h, w, t, TEMPERATURE, block_size=block_size)
+        f = lambda h, w: token_logprobs_entropy(
+            h, w, t, TEMPERATURE, block_size=block_size, vocab_tile=vocab_tile
+        )
     else:
         f = lambda h, w: naive_token_logprobs_entropy(h, w, t, TEMPERATURE)
 
@@ -67,8 +73,27 @@ def run_jax(impl: str, n: int, reps: int, block_size: int) -> dict:
         logp, ent, _ = f(h, w)
         return jnp.sum(logp * c[0] + ent * c[1])
 
-    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    compiled = step.lower(h, w).compile()
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def compiled_temp_mb(impl: str, n: int, block_size: int, vocab_tile: int) -> float:
+    """XLA temp of the compiled loss+grad for abstract inputs: compile only, nothing runs."""
+    import jax
+    import jax.numpy as jnp
+
+    t, c = jax.ShapeDtypeStruct((n,), jnp.int32), jax.ShapeDtypeStruct((2, n), jnp.float32)
+    h, w = jax.ShapeDtypeStruct((n, D), jnp.float32), jax.ShapeDtypeStruct((D, V), jnp.float32)
+    # t and c become arguments here (constants in the timed runs): a few KB, not temp.
+    step = jax.jit(lambda h, w, t, c: _step(impl, t, c, block_size, vocab_tile)(h, w))
+    return step.lower(h, w, t, c).compile().memory_analysis().temp_size_in_bytes / 1e6
+
+
+def run_jax(impl: str, n: int, reps: int, block_size: int, vocab_tile: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    h, w, t, c = (jnp.asarray(x) for x in _inputs(n))
+    compiled = _step(impl, t, c, block_size, vocab_tile).lower(h, w).compile()
     ma = compiled.memory_analysis()
     print("COMPILED " + json.dumps(dict(temp_mb=ma.temp_size_in_bytes / 1e6)), flush=True)
     rss_inputs = _rss_mb()
@@ -115,13 +140,13 @@ def _child(args) -> None:
     if args.one == "torch":
         res = run_torch(args.tokens[0], args.reps)
     else:
-        res = run_jax(args.one, args.tokens[0], args.reps, args.block_size)
+        res = run_jax(args.one, args.tokens[0], args.reps, args.block_size, args.vocab_tile)
     print("RESULT " + json.dumps(res), flush=True)
 
 
 def _spawn(impl: str, n: int, args) -> dict | None:
     cmd = [sys.executable, __file__, "--one", impl, "--tokens", str(n), "--reps", str(args.reps),
-           "--block-size", str(args.block_size)]  # fmt: skip
+           "--block-size", str(args.block_size), "--vocab-tile", str(args.vocab_tile)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -143,8 +168,7 @@ def _row(impl, n, r) -> str:
 def _ratios(n, res) -> None:
     c, nv, pt = res.get(("chunked", n)), res.get(("naive", n)), res.get(("torch", n))
     if c and nv:
-        print(f"  T={n}: chunked/naive  temp {c['temp_mb'] / nv['temp_mb']:.4f} "
-              f"(1/{nv['temp_mb'] / c['temp_mb']:.1f})  peak RSS {c['rss_mb'] / nv['rss_mb']:.3f}  "
+        print(f"  T={n}: chunked/naive  peak RSS {c['rss_mb'] / nv['rss_mb']:.3f}  "
               f"RSS above inputs {(c['rss_mb'] - c['rss_inputs_mb']) / (nv['rss_mb'] - nv['rss_inputs_mb']):.3f}  "
               f"time {c['secs'] / nv['secs']:.3f}")  # fmt: skip
     if c and pt:
@@ -153,30 +177,45 @@ def _ratios(n, res) -> None:
               f"time {c['secs'] / pt['secs']:.3f}")  # fmt: skip
 
 
+def memory_table(args) -> None:
+    print("compiled temp (compile-only memory analysis, nothing runs):")
+    for n in args.mem_tokens:
+        c = compiled_temp_mb("chunked", n, args.block_size, args.vocab_tile)
+        nv = compiled_temp_mb("naive", n, args.block_size, args.vocab_tile)
+        print(f"  T={n:6d}  chunked {c:9.1f} MB  naive {nv:10.1f} MB  "
+              f"chunked/naive {c / nv:.4f} (1/{nv / c:.1f})", flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
-    p.add_argument("--big", type=int, default=16384, help="tokens for the chunked-only case")
-    p.add_argument("--no-big", action="store_true")
+    p.add_argument("--mem-tokens", type=int, nargs="+", default=[2048, 4096, 16384])
+    p.add_argument("--tokens", type=int, nargs="+", default=[2048], help="timed runs")
+    p.add_argument("--big", type=int, default=16384, help="tokens for the chunked-only timed run")
+    p.add_argument("--time-big", action="store_true", help="also time chunked at --big tokens")
+    p.add_argument("--no-time", action="store_true", help="compiled memory only")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--vocab-tile", type=int, default=8192)
     p.add_argument("--impls", nargs="+", default=["chunked", "naive", "torch"])
     p.add_argument("--one", choices=["chunked", "naive", "torch"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         return _child(args)
     print(f"D={D} V={V} fp32, T(emp)={TEMPERATURE}, block_size={args.block_size}, "
-          f"reps={args.reps} (best of), cpus={os.cpu_count()}")  # fmt: skip
+          f"vocab_tile={args.vocab_tile}, reps={args.reps} (best of), cpus={os.cpu_count()}")  # fmt: skip
+    memory_table(args)
+    if args.no_time:
+        return
     res = {}
     cases = [(impl, n) for n in args.tokens for impl in args.impls]
-    if not args.no_big:
+    if args.time_big:
         cases.append(("chunked", args.big))
     for impl, n in cases:
         r = _spawn(impl, n, args)
         if r:
             res[(impl, n)] = r
             print(_row(impl, n, r), flush=True)
-    print("ratios (chunked over peer; lower is better):")
+    print("timed-run ratios (chunked over peer; lower is better):")
     for n in args.tokens:
         _ratios(n, res)
 

@@ -25,11 +25,17 @@ def make(seed=0, scale=1.0, dtype=jnp.float32):
     return jnp.asarray(h, dtype), jnp.asarray(w, dtype), jnp.asarray(t)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.7])
-def test_matches_float64_reference(temperature):
+# Vocab tiles: one tile (the default), 2 full tiles + a narrower one, 4 even tiles.
+TILES = [8192, 24, 16]
+
+
+@pytest.mark.parametrize("temperature,vocab_tile", [(1.0, 8192), (0.6, 24), (1.7, 16)])
+def test_matches_float64_reference(temperature, vocab_tile):
     h, w, t = make()
     logp, ent, k = jax.jit(
-        lambda h, w, temp: token_logprobs_entropy(h, w, t, temp, block_size=8, return_k=True)
+        lambda h, w, temp: token_logprobs_entropy(
+            h, w, t, temp, block_size=8, return_k=True, vocab_tile=vocab_tile
+        )
     )(h, w, temperature)
     r_logp, r_ent, r_k = ref.logprobs_entropy_k(
         np.asarray(h), np.asarray(w), np.asarray(t), temperature
@@ -39,12 +45,16 @@ def test_matches_float64_reference(temperature):
     np.testing.assert_allclose(k, r_k, rtol=1e-5, atol=1e-6)
 
 
-def test_extreme_logits_are_finite_and_exact():
-    """Logits of order ±1e4: no overflow, and H, K still computed without cancellation."""
+@pytest.mark.parametrize("vocab_tile", TILES)
+def test_extreme_logits_are_finite_and_exact(vocab_tile):
+    """Logits of order ±1e4: no overflow, and H, K still computed without cancellation, also
+    when the running max jumps by ~1e4 between vocab tiles (the online rescaling)."""
     h, w, t = make(seed=1, scale=2500.0)
     z = np.asarray(h, np.float64) @ np.asarray(w, np.float64)
     assert np.abs(z).max() > 1e4
-    logp, ent, k = token_logprobs_entropy(h, w, t, 1.3, block_size=16, return_k=True)
+    logp, ent, k = token_logprobs_entropy(
+        h, w, t, 1.3, block_size=16, return_k=True, vocab_tile=vocab_tile
+    )
     r_logp, r_ent, r_k = ref.logprobs_entropy_k(np.asarray(h), np.asarray(w), np.asarray(t), 1.3)
     for a in (logp, ent, k):
         assert np.all(np.isfinite(np.asarray(a)))
@@ -53,14 +63,18 @@ def test_extreme_logits_are_finite_and_exact():
     np.testing.assert_allclose(k, r_k, atol=1e-5)
 
 
-def test_near_tie_at_extreme_scale_keeps_entropy():
-    """Two logits at 1e4 that differ by 0.5: H ≈ binary entropy, not lost to cancellation."""
+@pytest.mark.parametrize("vocab_tile", [8192, 5])
+def test_near_tie_at_extreme_scale_keeps_entropy(vocab_tile):
+    """Two logits at 1e4 that differ by 0.5: H ≈ binary entropy, not lost to cancellation
+    (with tile 5 the two sit in different vocab tiles, after a tile of −1e4 ... 0)."""
     w = np.zeros((2, V), np.float32)
     w[0, 3], w[0, 7] = 1e4, 1e4 - 0.5
     w[0, 10:] = -1e4
     h = jnp.asarray([[1.0, 0.0]], jnp.float32)
     t = jnp.asarray([3])
-    logp, ent, k = token_logprobs_entropy(h, jnp.asarray(w), t, 1.0, return_k=True)
+    logp, ent, k = token_logprobs_entropy(
+        h, jnp.asarray(w), t, 1.0, return_k=True, vocab_tile=vocab_tile
+    )
     r_logp, r_ent, r_k = ref.logprobs_entropy_k(np.asarray(h), w, np.asarray(t), 1.0)
     np.testing.assert_allclose(ent, r_ent, rtol=1e-5)
     np.testing.assert_allclose(logp, r_logp, rtol=1e-5)
@@ -75,11 +89,13 @@ def _grad_fn(f, t, temperature, coeffs):
     return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_gradients_equal_naive_full_softmax(temperature):
+@pytest.mark.parametrize("temperature,vocab_tile", [(1.0, 8192), (0.7, 24)])
+def test_gradients_equal_naive_full_softmax(temperature, vocab_tile):
     h, w, t = make(seed=2)
     coeffs = jnp.asarray(np.random.default_rng(5).normal(size=(2, N)), jnp.float32)
-    chunked = lambda h, w, t, T: token_logprobs_entropy(h, w, t, T, block_size=8)
+    chunked = lambda h, w, t, T: token_logprobs_entropy(
+        h, w, t, T, block_size=8, vocab_tile=vocab_tile
+    )
     g_c = _grad_fn(chunked, t, temperature, coeffs)(h, w)
     g_n = _grad_fn(naive_token_logprobs_entropy, t, temperature, coeffs)(h, w)
     for a, b in zip(g_c, g_n):
@@ -107,14 +123,19 @@ MESHES = [
 ]
 
 
-@pytest.mark.parametrize("shape,names", MESHES, ids=lambda x: str(x))
-def test_vocab_sharded_equals_single_device(shape, names):
+@pytest.mark.parametrize(
+    "shape,names,vocab_tile",
+    [(*m, tile) for m, tile in zip(MESHES, [8192, 5, 8192, 12], strict=True)],
+    ids=lambda x: str(x),
+)
+def test_vocab_sharded_equals_single_device(shape, names, vocab_tile):
+    """Several meshes; tiles 5 and 12 split each local vocab shard (8 or 32 wide) unevenly."""
     h, w, t = make(seed=6)
     mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
     coeffs = jnp.asarray(np.random.default_rng(7).normal(size=(2, N)), jnp.float32)
     one = lambda h, w, t, T: token_logprobs_entropy(h, w, t, T, block_size=4, return_k=True)
     many = lambda h, w, t, T: sharded_token_logprobs_entropy(
-        h, w, t, T, mesh=mesh, block_size=4, return_k=True
+        h, w, t, T, mesh=mesh, block_size=4, return_k=True, vocab_tile=vocab_tile
     )
     out_1 = jax.jit(one)(h, w, t, 0.8)
     out_8 = jax.jit(many)(h, w, t, 0.8)
@@ -145,10 +166,25 @@ def test_never_materialises_tokens_by_vocab_in_float32():
     assert temp_c < full / 4, (temp_c, full)
 
 
+def test_no_full_size_dw_buffer_besides_the_output():
+    """Temp memory holds neither a [D, V] dW accumulator/product nor a [b, V] logit block: only
+    vocab tiles. (The token-outer backward held a second D×V buffer: ~1/5 of naive at scale.)"""
+    n, d, v, b, tile = 512, 64, 16384, 64, 1024
+    h = jax.ShapeDtypeStruct((n, d), jnp.float32)
+    w = jax.ShapeDtypeStruct((d, v), jnp.float32)
+    t = jax.ShapeDtypeStruct((n,), jnp.int32)
+    f = lambda h, w, t: token_logprobs_entropy(h, w, t, 1.0, block_size=b, vocab_tile=tile)
+    step = jax.jit(jax.grad(lambda h, w, t: jnp.sum(sum(f(h, w, t)[:2])), argnums=(0, 1)))
+    temp = step.lower(h, w, t).compile().memory_analysis().temp_size_in_bytes
+    assert temp < min(d * v, b * v) * 4 / 2, (temp, d * v * 4, b * v * 4)
+
+
 def test_bad_shapes_and_unshardable_vocab_raise_clear_errors():
     h, w, t = make()
     with pytest.raises(ValueError, match="shapes disagree"):
         token_logprobs_entropy(h[:5], w, t, 1.0)
+    with pytest.raises(ValueError, match="vocab_tile must be >= 1"):
+        token_logprobs_entropy(h, w, t, 1.0, vocab_tile=0)
     mesh = Mesh(np.array(jax.devices()[:3]), ("tensor",))
     with pytest.raises(ValueError, match="not divisible by the 'tensor' axis"):
         sharded_token_logprobs_entropy(h, w[:, :62], t % 62, 1.0, mesh=mesh)

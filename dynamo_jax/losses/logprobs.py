@@ -7,9 +7,15 @@ targets `targets_N`, with z = (h @ W) / T:
 
 Shapes: N tokens, D model width, V vocabulary (V_l: the local vocabulary shard), b block size.
 
-Memory: logits exist only for one block of `block_size` tokens at a time, forward and backward
-(the backward recomputes the block's logits from the saved per-token lse and H: a custom VJP,
-so no [N, V] residual is stored and only one [b, V_l] fp32 buffer is live per step).
+Memory: logits exist only for one (token block of `block_size`, vocab tile of `vocab_tile`)
+pair at a time, forward and backward. Both loop over vocab tiles outside and token blocks
+inside: the forward keeps per-token running (max, Σe, Σe·d, ...) sums and merges tiles with an
+online softmax; the backward (a custom VJP) recomputes each tile's logits from the saved
+per-token lse and H, so no [N, V] residual is stored, and writes each [D, V_t] dW tile once into
+the dW output (a token-outer loop would hold a second full [D, V] product/accumulator: ~1 GB
+for Qwen2.5-1.5B in fp32). Temp memory no longer grows with V, only with N·D (the fp32 dh carry):
+≈ 216 MB at D = 1536, b = 256, V_t = 8192, N ≤ 2048; every logit is still computed once
+forward and once backward (same FLOPs as the token-only blocking).
 
 Vocabulary sharding: with `vocab_axis` set, the function runs inside `shard_map` and `w_DxV` is
 the local shard; per-token max and sums are combined with `lax.pmax`/`lax.psum` over that axis,
@@ -32,6 +38,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 DEFAULT_BLOCK_SIZE = 256
+# Backward vocab tile: [b, 8192] fp32 logit tiles and a [D, 8192] dW accumulator stay small
+# (8 MB and 50 MB at b = 256, D = 1536) while the matmuls stay wide enough to run at full speed.
+DEFAULT_VOCAB_TILE = 8192
 
 
 def _target_in_shard(targets_b, v_local, vocab_axis):
@@ -44,37 +53,6 @@ def _target_in_shard(targets_b, v_local, vocab_axis):
 
 def _block_logits(h_bxD, w_DxV, inv_temp):
     return jnp.dot(h_bxD, w_DxV, preferred_element_type=jnp.float32) * inv_temp
-
-
-def _block_forward(h_bxD, w_DxV, targets_b, inv_temp, vocab_axis, return_k):
-    """Statistics of one token block: (logp_b, ent_b, k_b, lse_b), all float32."""
-    z_bxV = _block_logits(h_bxD, w_DxV, inv_temp)
-    m_b = jnp.max(z_bxV, axis=-1)
-    if vocab_axis is not None:
-        m_b = lax.pmax(m_b, vocab_axis)
-    # Work with d = z − m (≤ 0): sums of e·z at |z| ~ 1e4 would cancel catastrophically in H.
-    d_bxV = z_bxV - m_b[:, None]
-    e_bxV = jnp.exp(d_bxV)
-    local_b, owned_b = _target_in_shard(targets_b, w_DxV.shape[1], vocab_axis)
-    d_target_b = jnp.where(owned_b, jnp.take_along_axis(d_bxV, local_b[:, None], -1)[:, 0], 0.0)
-    parts = [jnp.sum(e_bxV, -1), jnp.sum(e_bxV * d_bxV, -1), d_target_b]
-    if return_k:
-        e2_bxV = e_bxV * e_bxV
-        parts += [jnp.sum(e2_bxV, -1), jnp.sum(e2_bxV * d_bxV, -1)]
-    sums = jnp.stack(parts)
-    if vocab_axis is not None:
-        sums = lax.psum(sums, vocab_axis)  # one collective for all per-token sums
-    s_b, sd_b, d_target_b = sums[0], sums[1], sums[2]
-    log_s_b = jnp.log(s_b)
-    mean_d_b = sd_b / s_b  # Σ π (z − m)
-    logp_b = d_target_b - log_s_b
-    ent_b = log_s_b - mean_d_b
-    if return_k:
-        # K = Σ π²(log π + H) = [Σ e² d − (Σ π d) Σ e²] / s², since log π + H = d − Σ π d.
-        k_b = (sums[4] - mean_d_b * sums[3]) / (s_b * s_b)
-    else:
-        k_b = jnp.zeros_like(s_b)
-    return logp_b, ent_b, k_b, m_b + log_s_b
 
 
 def _vma(x) -> frozenset:
@@ -94,74 +72,200 @@ def _reduce_to_vma(ct, axes: frozenset):
     return lax.psum(ct, extra) if extra else ct
 
 
-def _to_blocks(x, block_size):
-    """[N, ...] → [N/b, b, ...] after zero-padding N up to a multiple of b."""
-    n = x.shape[0]
-    pad = (-n) % block_size
-    if pad:
-        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-    return x.reshape((-1, block_size) + x.shape[1:])
+def _pad_rows(x, block_size):
+    """Zero-pad the leading (token) axis of `x` up to a multiple of `block_size`."""
+    pad = (-x.shape[0]) % block_size
+    return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) if pad else x
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _chunked(hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_axis, return_k):
-    out, _ = _chunked_fwd(
-        hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_axis, return_k
-    )
+def _over_vocab_tiles(w_DxV, tile, fn, carry):
+    """carry = fn(w_DxVt, col0, carry) for each vocab tile of `w_DxV`, in order.
+
+    Vocab outside, tokens inside (in `fn`): each W tile is sliced once, and per-tile results
+    (dW tiles, per-token running sums) are written in place into loop carries, so no [D, V] or
+    [b, V] temporary exists. The last tile is narrower when V is not a multiple of `tile`
+    (151,936 = 2^7·1187 has no convenient divisor), handled outside the loop with static shapes.
+    """
+    v_local = w_DxV.shape[1]
+    tile = min(tile, v_local)
+    n_full, rem = divmod(v_local, tile)
+
+    def full_tile(j, carry):
+        col0 = j * tile
+        return fn(lax.dynamic_slice_in_dim(w_DxV, col0, tile, 1), col0, carry)
+
+    carry = lax.fori_loop(0, n_full, full_tile, carry)
+    if rem:
+        carry = fn(w_DxV[:, n_full * tile :], n_full * tile, carry)
+    return carry
+
+
+def _rescale(m_shift, sums):
+    """Sums Σe^{d}·{1, d} and Σe^{2d}·{1, d} of d = z − m, re-expressed for d' = d + m_shift.
+
+    m_shift ≤ 0 (the new max is larger). Both terms of each new Σe·d are ≤ 0: no cancellation,
+    so H stays exact for logits of ±1e4 (the online softmax of flash attention, plus H and K).
+    """
+    sc = jnp.exp(m_shift)
+    out = [sums[0] * sc, (sums[1] + m_shift * sums[0]) * sc]
+    if len(sums) > 2:
+        sc2 = sc * sc
+        out += [sums[2] * sc2, (sums[3] + m_shift * sums[2]) * sc2]
     return out
 
 
-def _chunked_fwd(hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_axis, return_k):
+def _tile_forward(w_DxVt, col0, h_bxD, local_b, run, inv_temp, return_k):
+    """Merge one (token block, vocab tile) into the running (max, target logit, sums)."""
+    z_bxVt = _block_logits(h_bxD, w_DxVt, inv_temp)
+    m_b = jnp.max(z_bxVt, axis=-1)
+    d_bxVt = z_bxVt - m_b[:, None]
+    e_bxVt = jnp.exp(d_bxVt)
+    sums = [jnp.sum(e_bxVt, -1), jnp.sum(e_bxVt * d_bxVt, -1)]
+    if return_k:
+        e2_bxVt = e_bxVt * e_bxVt
+        sums += [jnp.sum(e2_bxVt, -1), jnp.sum(e2_bxVt * d_bxVt, -1)]
+    hit_bxVt = jnp.arange(w_DxVt.shape[1])[None, :] == (local_b - col0)[:, None]
+    z_target_b = run[1] + jnp.sum(jnp.where(hit_bxVt, z_bxVt, 0.0), -1)
+    new_m_b = jnp.maximum(run[0], m_b)
+    merged = _rescale(run[0] - new_m_b, run[2:])
+    merged = [a + b for a, b in zip(merged, _rescale(m_b - new_m_b, sums), strict=True)]
+    return (new_m_b, z_target_b, *merged)
+
+
+def _chunked_fwd(
+    hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_tile, vocab_axis, return_k
+):
     n = hidden_NxD.shape[0]
     inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
-    h_blocks = _to_blocks(hidden_NxD, block_size)
-    t_blocks = _to_blocks(targets_N, block_size)
+    local_N, owned_N = _target_in_shard(targets_N, w_DxV.shape[1], vocab_axis)
+    local_N = jnp.where(owned_N, local_N, -1)  # −1: in no tile of this shard
+    h_NpxD, local_Np = _pad_rows(hidden_NxD, block_size), _pad_rows(local_N, block_size)
+    carry_axes = frozenset().union(*(_vma(x) for x in (w_DxV, h_NpxD, local_Np)))
+    n_sums = 4 if return_k else 2
+    # Running max starts at the most negative finite float, not −inf: (−inf)·0 would be NaN.
+    m0 = jnp.full(local_Np.shape, jnp.finfo(jnp.float32).min)
+    zeros = jnp.zeros(local_Np.shape, jnp.float32)
+    run0 = tuple(_pcast_like(x, carry_axes) for x in (m0, zeros, *[zeros] * n_sums))
 
-    def one_block(args):
-        h_bxD, t_b = args
-        return _block_forward(h_bxD, w_DxV, t_b, inv_temp, vocab_axis, return_k)
+    def tile_fn(w_DxVt, col0, run):
+        def one_block(i, run):
+            rows = (i * block_size, block_size)
+            run_b = [lax.dynamic_slice_in_dim(x, *rows) for x in run]
+            h_bxD = lax.dynamic_slice_in_dim(h_NpxD, *rows)
+            local_b = lax.dynamic_slice_in_dim(local_Np, *rows)
+            new_b = _tile_forward(w_DxVt, col0, h_bxD, local_b, run_b, inv_temp, return_k)
+            return tuple(
+                lax.dynamic_update_slice_in_dim(x, y, rows[0], 0)
+                for x, y in zip(run, new_b, strict=True)
+            )
 
-    logp, ent, k, lse = (x.reshape(-1)[:n] for x in lax.map(one_block, (h_blocks, t_blocks)))
-    residuals = (hidden_NxD, w_DxV, targets_N, temperature, lse, ent)
-    return (logp, ent, k), residuals
+        return lax.fori_loop(0, h_NpxD.shape[0] // block_size, one_block, run)
 
-
-def _chunked_bwd(block_size, vocab_axis, return_k, residuals, cotangents):
-    hidden_NxD, w_DxV, targets_N, temperature, lse_N, ent_N = residuals
-    g_logp_N, g_ent_N, _ = cotangents  # K is stop-gradient by contract
-    n, v_local = hidden_NxD.shape[0], w_DxV.shape[1]
-    inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
-    blocks = tuple(
-        _to_blocks(x, block_size) for x in (hidden_NxD, targets_N, lse_N, ent_N, g_logp_N, g_ent_N)
+    m_N, z_target_N, *sums = (x[:n] for x in _over_vocab_tiles(w_DxV, vocab_tile, tile_fn, run0))
+    return _finish_forward(
+        m_N, z_target_N, sums, vocab_axis, return_k, hidden_NxD, w_DxV, targets_N, temperature
     )
 
-    def one_block(dw_DxV, args):
-        h_bxD, t_b, lse_b, ent_b, g_lp_b, g_ent_b = args
-        z_bxV = _block_logits(h_bxD, w_DxV, inv_temp)
-        logpi_bxV = z_bxV - lse_b[:, None]
-        pi_bxV = jnp.exp(logpi_bxV)
-        # ∂log π(a)/∂z = onehot(a) − π ;  ∂H/∂z = −π ⊙ (log π + H)   (§1)
-        dz_bxV = -pi_bxV * (g_lp_b[:, None] + g_ent_b[:, None] * (logpi_bxV + ent_b[:, None]))
-        local_b, owned_b = _target_in_shard(t_b, v_local, vocab_axis)
-        onehot_bxV = (jnp.arange(v_local)[None, :] == local_b[:, None]) & owned_b[:, None]
-        dz_bxV = (dz_bxV + jnp.where(onehot_bxV, g_lp_b[:, None], 0.0)) * inv_temp
-        dh_bxD = jnp.dot(dz_bxV.astype(w_DxV.dtype), w_DxV.T, preferred_element_type=jnp.float32)
-        if vocab_axis is not None:
-            dh_bxD = lax.psum(dh_bxD, vocab_axis)  # each shard holds a partial sum over V
-        dw_DxV = dw_DxV + jnp.dot(
-            h_bxD.T, dz_bxV.astype(h_bxD.dtype), preferred_element_type=jnp.float32
-        )
-        return dw_DxV, dh_bxD.astype(hidden_NxD.dtype)
 
-    # Inside shard_map the accumulator varies over every axis h or w varies over (scan needs
-    # the carry's type fixed up front); the summed-over token shards are reduced afterwards.
-    carry_axes = frozenset().union(*(_vma(x) for x in (w_DxV, *blocks)))
-    dw0_DxV = _pcast_like(jnp.zeros_like(w_DxV, jnp.float32), carry_axes)
-    dw_DxV, dh_blocks = lax.scan(one_block, dw0_DxV, blocks)
+def _finish_forward(m_N, z_target_N, sums, vocab_axis, return_k, *primals):
+    """Combine the shards' running sums (one pmax, one psum) into log π(a), H, K."""
+    if vocab_axis is not None:
+        m_global_N = lax.pmax(m_N, vocab_axis)
+        parts = jnp.stack([z_target_N, *_rescale(m_N - m_global_N, sums)])
+        z_target_N, *sums = lax.psum(parts, vocab_axis)  # one collective for all sums
+        m_N = m_global_N
+    s_N, sd_N = sums[0], sums[1]
+    log_s_N = jnp.log(s_N)
+    mean_d_N = sd_N / s_N  # Σ π (z − m)
+    logp_N = (z_target_N - m_N) - log_s_N
+    ent_N = log_s_N - mean_d_N
+    # K = Σ π²(log π + H) = [Σ e² d − (Σ π d) Σ e²] / s², since log π + H = d − Σ π d.
+    k_N = (sums[3] - mean_d_N * sums[2]) / (s_N * s_N) if return_k else jnp.zeros_like(s_N)
+    residuals = (*primals, m_N + log_s_N, ent_N)
+    return (logp_N, ent_N, k_N), residuals
+
+
+def _tile_dz(w_DxVt, col0, tok, inv_temp):
+    """∂loss/∂z of one (token block, vocab tile), recomputing the tile's logits (§1)."""
+    h_bxD, local_b, lse_b, ent_b, g_lp_b, g_ent_b = tok
+    logpi_bxVt = _block_logits(h_bxD, w_DxVt, inv_temp) - lse_b[:, None]
+    pi_bxVt = jnp.exp(logpi_bxVt)
+    # ∂log π(a)/∂z = onehot(a) − π ;  ∂H/∂z = −π ⊙ (log π + H)
+    dz_bxVt = -pi_bxVt * (g_lp_b[:, None] + g_ent_b[:, None] * (logpi_bxVt + ent_b[:, None]))
+    onehot_bxVt = jnp.arange(w_DxVt.shape[1])[None, :] == (local_b - col0)[:, None]
+    return (dz_bxVt + jnp.where(onehot_bxVt, g_lp_b[:, None], 0.0)) * inv_temp
+
+
+def _tile_grads(w_DxVt, col0, tok_Np, dh_NpxD, block_size, inv_temp, carry_axes):
+    """dW of one vocab tile (returned) and its share of dh (added into `dh_NpxD` in place).
+
+    Loops over token blocks: only [b, V_t] logits and a [D, V_t] accumulator are live, so no
+    [D, V] product is ever formed (a full-width dot per token block is what made XLA allocate
+    a second D×V buffer next to the accumulator).
+    """
+
+    def one_block(i, carry):
+        dw_DxVt, dh_NpxD = carry
+        row0 = i * block_size
+        tok_b = tuple(lax.dynamic_slice_in_dim(x, row0, block_size) for x in tok_Np)
+        dz_bxVt = _tile_dz(w_DxVt, col0, tok_b, inv_temp)
+        dh_bxD = jnp.dot(dz_bxVt.astype(w_DxVt.dtype), w_DxVt.T, preferred_element_type=jnp.float32)
+        dh_bxD = dh_bxD + lax.dynamic_slice_in_dim(dh_NpxD, row0, block_size)
+        dw_DxVt = dw_DxVt + jnp.dot(
+            tok_b[0].T, dz_bxVt.astype(tok_b[0].dtype), preferred_element_type=jnp.float32
+        )
+        return dw_DxVt, lax.dynamic_update_slice_in_dim(dh_NpxD, dh_bxD, row0, 0)
+
+    dw0_DxVt = _pcast_like(jnp.zeros(w_DxVt.shape, jnp.float32), carry_axes)
+    n_blocks = tok_Np[0].shape[0] // block_size
+    return lax.fori_loop(0, n_blocks, one_block, (dw0_DxVt, dh_NpxD))
+
+
+def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, residuals, cotangents):
+    """Vocab tiles outside, token blocks inside: each dW tile is written once, in place."""
+    hidden_NxD, w_DxV, targets_N, temperature, lse_N, ent_N = residuals
+    g_logp_N, g_ent_N, _ = cotangents  # K is stop-gradient by contract
+    n = hidden_NxD.shape[0]
+    inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
+    local_N, owned_N = _target_in_shard(targets_N, w_DxV.shape[1], vocab_axis)
+    local_N = jnp.where(owned_N, local_N, -1)  # −1: in no tile of this shard
+    tok_Np = tuple(
+        _pad_rows(x, block_size) for x in (hidden_NxD, local_N, lse_N, ent_N, g_logp_N, g_ent_N)
+    )
+    # Inside shard_map the loop carries vary over every axis h or w varies over (loops need
+    # their carry types fixed up front); the summed-over shards are reduced afterwards.
+    carry_axes = frozenset().union(*(_vma(x) for x in (w_DxV, *tok_Np)))
+    dw_DxV = _pcast_like(jnp.zeros(w_DxV.shape, jnp.float32), carry_axes)
+    dh_NpxD = _pcast_like(jnp.zeros(tok_Np[0].shape, jnp.float32), carry_axes)
+
+    def tile_fn(w_DxVt, col0, carry):
+        dw_DxV, dh_NpxD = carry
+        dw_DxVt, dh_NpxD = _tile_grads(
+            w_DxVt, col0, tok_Np, dh_NpxD, block_size, inv_temp, carry_axes
+        )
+        return lax.dynamic_update_slice_in_dim(dw_DxV, dw_DxVt, col0, 1), dh_NpxD
+
+    dw_DxV, dh_NpxD = _over_vocab_tiles(w_DxV, vocab_tile, tile_fn, (dw_DxV, dh_NpxD))
     dw_DxV = _reduce_to_vma(dw_DxV, _vma(w_DxV))
-    dh_NxD = _reduce_to_vma(dh_blocks.reshape(-1, hidden_NxD.shape[1])[:n], _vma(hidden_NxD))
+    # Each vocab shard holds a partial sum over V of dh: the vocab axis is reduced here too.
+    dh_NxD = _reduce_to_vma(dh_NpxD[:n], _vma(hidden_NxD))
     d_targets = np.zeros(targets_N.shape, dtype=jax.dtypes.float0)
-    return dh_NxD, dw_DxV.astype(w_DxV.dtype), d_targets, jnp.zeros_like(temperature)
+    return (
+        dh_NxD.astype(hidden_NxD.dtype),
+        dw_DxV.astype(w_DxV.dtype),
+        d_targets,
+        jnp.zeros_like(temperature),
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _chunked(
+    hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_tile, vocab_axis, return_k
+):
+    out, _ = _chunked_fwd(
+        hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_tile, vocab_axis, return_k
+    )
+    return out
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
@@ -176,12 +280,14 @@ def token_logprobs_entropy(
     block_size: int = DEFAULT_BLOCK_SIZE,
     vocab_axis: str | None = None,
     return_k: bool = False,
+    vocab_tile: int = DEFAULT_VOCAB_TILE,
 ):
     """(log π(a_t), H_t, K_t or None) in float32 at temperature T, blockwise over tokens.
 
     `temperature` may be a traced scalar (it changes every step under the E3 scheduler, and must
     not trigger a recompile). With `vocab_axis`, call inside shard_map over that mesh axis with
     `w_DxV` the local vocab shard (shards in axis-index order). Targets must be in [0, V).
+    `vocab_tile` bounds the live logits to [block_size, vocab_tile] (see the module docstring).
     """
     if hidden_NxD.ndim != 2 or w_DxV.ndim != 2 or targets_N.ndim != 1:
         raise ValueError(
@@ -195,6 +301,8 @@ def token_logprobs_entropy(
         )
     if block_size < 1:
         raise ValueError(f"token_logprobs_entropy: block_size must be >= 1, got {block_size}")
+    if vocab_tile < 1:
+        raise ValueError(f"token_logprobs_entropy: vocab_tile must be >= 1, got {vocab_tile}")
     block_size = min(block_size, max(hidden_NxD.shape[0], 1))
     temperature = jnp.asarray(temperature, jnp.float32)
     logp, ent, k = _chunked(
@@ -203,6 +311,7 @@ def token_logprobs_entropy(
         targets_N.astype(jnp.int32),
         temperature,
         block_size,
+        vocab_tile,
         vocab_axis,
         return_k,
     )
@@ -237,6 +346,7 @@ def sharded_token_logprobs_entropy(
     token_axes: tuple[str, ...] = ("data", "fsdp"),
     block_size: int = DEFAULT_BLOCK_SIZE,
     return_k: bool = False,
+    vocab_tile: int = DEFAULT_VOCAB_TILE,
 ):
     """`token_logprobs_entropy` with tokens split over `token_axes` and V over `tensor_axis`.
 
@@ -262,7 +372,14 @@ def sharded_token_logprobs_entropy(
 
     def local(h, w, t, temp):
         lp, ent, k = token_logprobs_entropy(
-            h, w, t, temp, block_size=block_size, vocab_axis=tp_axis, return_k=return_k
+            h,
+            w,
+            t,
+            temp,
+            block_size=block_size,
+            vocab_axis=tp_axis,
+            return_k=return_k,
+            vocab_tile=vocab_tile,
         )
         return lp, ent, (k if return_k else jnp.zeros_like(lp))
 
