@@ -13,9 +13,9 @@ inside: the forward keeps per-token running (max, Σe, Σe·d, ...) sums and mer
 online softmax; the backward (a custom VJP) recomputes each tile's logits from the saved
 per-token lse and H, so no [N, V] residual is stored, and writes each [D, V_t] dW tile once into
 the dW output (a token-outer loop would hold a second full [D, V] product/accumulator: ~1 GB
-for Qwen2.5-1.5B in fp32). Temp memory no longer grows with V, only with N·D (the fp32 dh carry):
-≈ 216 MB at D = 1536, b = 256, V_t = 8192, N ≤ 2048; every logit is still computed once
-forward and once backward (same FLOPs as the token-only blocking).
+for Qwen2.5-1.5B in fp32). Compiled temp memory then depends on D, b and V_t only: 216 MB at
+D = 1536, b = 256, V_t = 8192 for N = 2048 … 16384 (fp32: the [N, D] dh carry is the output);
+every logit is still computed once forward and once backward (same FLOPs as before).
 
 Vocabulary sharding: with `vocab_axis` set, the function runs inside `shard_map` and `w_DxV` is
 the local shard; per-token max and sums are combined with `lax.pmax`/`lax.psum` over that axis,
