@@ -219,3 +219,37 @@ def test_hf_param_table_shapes_are_hf_shapes():
     assert sorted(e.hf_name for e in table) == sorted(sd)
     for e in table:
         assert e.hf_shape == tuple(sd[e.hf_name].shape), e.hf_name
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_write_hf_safetensors_matches_per_tensor_mapping(tmp_path, monkeypatch, scan):
+    # The fast export (device-side or blocked host transposes, chunks of layers, one file
+    # write per chunk) must equal HFTensor.to_hf applied tensor by tensor on the host.
+    cfg = get_preset("tiny-qwen2", scan_layers=scan, tie_word_embeddings=False)
+    params = random_flax_params(cfg, seed=3)
+    monkeypatch.setattr(hf_io, "_CHUNK_BYTES", 3000)  # force several chunks per stacked param
+    monkeypatch.setattr(hf_io, "_BLOCK_ROWS", 5)  # blocks that do not divide the rows
+    for dtype in ("float32", "bfloat16"):
+        want = {}
+        for e in hf_io.hf_param_table(cfg):
+            leaf = np.asarray(hf_io._leaf(params, e.path))
+            piece = leaf if e.layer is None else leaf[e.layer]
+            want[e.hf_name] = e.to_hf(piece.astype(jax.numpy.dtype(dtype)))
+        for on_device in (True, False):
+            file = tmp_path / f"{dtype}-{on_device}.safetensors"
+            size = hf_io.write_hf_safetensors(file, params, cfg, dtype, on_device=on_device)
+            assert size == file.stat().st_size
+            with safe_open(str(file), "np") as f:  # numpy has no bfloat16: compare raw bits
+                assert sorted(f.keys()) == sorted(want)
+            got = load_file(str(file)) if dtype == "float32" else None
+            raw = file.read_bytes()
+            (n,) = np.frombuffer(raw[:8], "<u8")
+            header = json.loads(raw[8 : 8 + n])
+            for name, value in want.items():
+                lo, hi = header[name]["data_offsets"]
+                assert header[name]["shape"] == list(value.shape), name
+                assert raw[8 + n + lo : 8 + n + hi] == value.tobytes(), (name, on_device)
+                if got is not None:
+                    assert np.array_equal(got[name], value), name
+            chunks = list(hf_io.iter_hf_chunks(params, cfg, dtype=dtype, on_device=on_device))
+            assert sum(len(entries) for entries, _ in chunks) == len(want)

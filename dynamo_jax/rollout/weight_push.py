@@ -1,10 +1,12 @@
 """The weight push: trainer parameters → HF-named safetensors on shared memory → vLLM.
 
 After every optimizer step the trainer's parameters must reach the vLLM sidecar. The path is
-  1. export (`export_push_dir`): the models package's ONE name mapping (`hf_io.iter_hf_tensors`:
-     per-head QKV, tied embeddings, layouts) gathers one tensor at a time to the host, converts
-     it and appends it to one `model.safetensors` in a fresh directory under /dev/shm (RAM, no
-     disk I/O), so the host never holds more than one tensor beyond the file itself;
+  1. export (`export_push_dir`): the models package's ONE name mapping
+     (`hf_io.write_hf_safetensors`: per-head QKV, tied embeddings, layouts) converts each
+     parameter to HF layout and the push dtype ON DEVICE (one fused jitted op per parameter or
+     chunk of layers), gathers it to the host as contiguous bytes and appends them to one
+     `model.safetensors` in a fresh directory under /dev/shm (RAM, no disk I/O); the host holds
+     at most one chunk (<= 256 MB) beyond the file itself;
   2. reload: the sidecar loads that directory in place and resets its prefix cache
      (`VLLMSidecarEngine.push_hf_dir`).
 The directory is deleted once the next push has replaced it: the client keeps exactly one, so
@@ -19,9 +21,7 @@ host of process 0) and the others get None back.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import Mapping
@@ -54,61 +54,26 @@ def export_push_dir(
 ) -> Path | None:
     """Write `params` as HF safetensors in a new directory under `root` (process 0 only).
 
-    Streams `hf_io.iter_hf_tensors` (the one name mapping) into one file: a tensor is cast only
-    when its dtype differs from `dtype` (on device, halving the transfer for float32 → bfloat16)
-    and written from its own buffer, with no intermediate byte copy.
+    `hf_io.write_hf_safetensors` (the one name mapping) converts on device, one jitted call per
+    parameter or chunk of layers (cast first, so a bfloat16 push moves half the bytes), and
+    copies each chunk's contiguous host bytes straight into the file.
     """
     import jax
-    import jax.numpy as jnp
 
     from dynamo_jax.models import hf_io
 
     if dtype not in _ST_DTYPES:
         raise ValueError(f"weight push dtype must be one of {sorted(_ST_DTYPES)}, got {dtype!r}")
-    table = hf_io.hf_param_table(model_cfg)
-    cast = None if jnp.dtype(model_cfg.param_dtype) == jnp.dtype(dtype) else dtype
-    tensors = hf_io.iter_hf_tensors(params, model_cfg, dtype=cast)
     if jax.process_index() != 0:
-        for _ in tensors:  # still take part in the cross-process gathers
-            pass
+        hf_io.write_hf_safetensors(None, params, model_cfg, dtype)  # joins the gathers
         return None
     directory = Path(tempfile.mkdtemp(prefix=f"dynamo-push-v{version}-", dir=root))
     try:
-        _write_safetensors(directory / WEIGHTS_FILE, table, tensors, dtype)
+        hf_io.write_hf_safetensors(directory / WEIGHTS_FILE, params, model_cfg, dtype)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return directory
-
-
-def _write_safetensors(path: Path, table, tensors, dtype: str) -> None:
-    itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
-    header, offset = {}, 0
-    for entry in table:
-        nbytes = int(np.prod(entry.hf_shape)) * itemsize
-        header[entry.hf_name] = {
-            "dtype": _ST_DTYPES[dtype],
-            "shape": list(entry.hf_shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for (name, arr), entry in zip(tensors, table, strict=True):
-            if name != entry.hf_name or tuple(arr.shape) != tuple(entry.hf_shape):
-                raise ValueError(
-                    f"weight push: got {name} {arr.shape}, expected {entry.hf_name} {entry.hf_shape}"
-                )
-            arr = np.ascontiguousarray(arr.astype(_numpy_dtype(dtype), copy=False))
-            f.write(arr.reshape(-1).view(np.uint8))  # bytes straight from the array's buffer
-
-
-def _numpy_dtype(name: str):
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
 
 
 def write_push_dir(tensors: Mapping[str, np.ndarray], root: str, version: int) -> Path:
