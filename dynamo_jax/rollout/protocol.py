@@ -42,7 +42,9 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ValueError(
+                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
