@@ -231,9 +231,8 @@ def _host_chunks(params: Any, cfg: ModelConfig, dtype: str | None, on_device: bo
         leaf = _leaf(params, g.path)
         target = str(jnp.dtype(dtype or leaf.dtype))
         same = jnp.dtype(leaf.dtype) == jnp.dtype(target)
-        device = on_device
-        if device is None:  # transpose on the accelerator, or on the host when that is the CPU
-            device = isinstance(leaf, jax.Array) and leaf.devices().pop().platform != "cpu"
+        # Transpose on the accelerator, or on the host when the devices are the CPU.
+        device = jax.default_backend() != "cpu" if on_device is None else on_device
         needs_layout = g.kind in ("linear", "heads_in", "heads_out")
         if same and not (device and needs_layout):
             host = _to_host(leaf)  # no device op at all (zero-copy on a single CPU device)
