@@ -2,6 +2,7 @@
 overrides fail, and every reproduction config passes the dry-run planner on simulated devices."""
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,4 +125,5 @@ def test_reproduction_config_passes_the_dry_run(name):
     mesh on simulated CPU devices from abstract shapes; prints the per-device memory plan."""
     proc = _launch(f"--config=configs/{name}.py", "--dry_run")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "per-device memory" in proc.stdout and "fits 80 GB device: YES" in proc.stdout
+    assert "per-device memory" in proc.stdout
+    assert re.search(r"fits .*device: YES", proc.stdout), proc.stdout
