@@ -234,12 +234,11 @@ def metrics(report: EvalReport, prefix: str = "eval") -> dict[str, float]:
 
 
 def make_engine(run_config: Any, checkpoint: str) -> RolloutEngine:
-    """The rollout engine holding the checkpoint's weights (wired by the training loop, which
-    owns checkpoint loading, meshes and engine construction)."""
-    raise NotImplementedError(
-        "dynamo_jax.evaluate.make_engine: engine construction from a checkpoint is provided by "
-        "the training loop (dynamo_jax.tasks / dynamo_jax.checkpoint)"
-    )
+    """The rollout engine holding the checkpoint's weights: a run directory (its latest orbax
+    step) or a Hugging Face directory, on the engine the run's config names."""
+    from dynamo_jax.tasks import engine_for_checkpoint
+
+    return engine_for_checkpoint(run_config, checkpoint)
 
 
 def stop_token_ids(tokenizer) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dynamo_jax.evaluate import stop_token_ids
 from dynamo_jax.rewards.verdict import STATUSES
 from dynamo_jax.rollout.protocol import Completion
 
@@ -59,16 +60,6 @@ class Task:
 
     def close(self) -> None:
         self.scorer.close()
-
-
-def _stop_ids(tokenizer) -> tuple[int, ...]:
-    """eos plus Qwen's two end markers when the vocabulary has them (base and chat models differ)."""
-    ids = {tokenizer.eos_token_id}
-    for token in ("<|im_end|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return tuple(sorted(i for i in ids if i is not None))
 
 
 QWEN2_TOKENIZER = "qwen2"  # init.tokenizer value: the real Qwen2 vocabulary, built offline
@@ -129,7 +120,7 @@ def build_task(cfg: Any) -> Task:
         prompt_ids=np.asarray(prompts.prompt_ids, np.int64),
         prompt_tokens=list(prompts.token_ids),
         answers=[row.gold for row in prompts.rows],
-        stop_token_ids=_stop_ids(tokenizer),
+        stop_token_ids=stop_token_ids(tokenizer),
         pad_id=int(tokenizer.pad_token_id or 0),
         seq_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
         decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),

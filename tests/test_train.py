@@ -274,9 +274,9 @@ def test_step_seeds_differ_per_stream_and_step():
 
 
 def test_export_and_evaluation_engine_from_a_run(tmp_path):
-    """`python -m dynamo_jax.export` writes what transformers loads; `tasks.engine_for_checkpoint`
-    (what `python -m dynamo_jax.evaluate --checkpoint WORKDIR` needs) serves the run's weights."""
-    from dynamo_jax import tasks
+    """`python -m dynamo_jax.export` writes what transformers loads; `evaluate.make_engine`
+    (what `python -m dynamo_jax.evaluate --checkpoint WORKDIR` uses) serves the run's weights."""
+    from dynamo_jax import evaluate, tasks
     from dynamo_jax.export import export
     from dynamo_jax.rollout.protocol import Request, SamplingParams
 
@@ -297,7 +297,7 @@ def test_export_and_evaluation_engine_from_a_run(tmp_path):
         atol=0,
     )
     cfg = from_config_dict(config)
-    engine = tasks.engine_for_checkpoint(cfg, str(tmp_path / "run"))
+    engine = evaluate.make_engine(cfg, str(tmp_path / "run"))
     task = tasks.build_task(cfg)
     prompt_id = int(task.prompt_ids[0])
     out = engine.generate(
