@@ -233,11 +233,6 @@ def test_cli_path_with_an_injected_engine(tmp_path, monkeypatch):
     assert engine.closed
 
 
-def test_make_engine_is_left_to_the_training_loop():
-    with pytest.raises(NotImplementedError, match="training loop"):
-        ev.make_engine(None, "ckpt")
-
-
 def test_evaluate_validates_arguments():
     with pytest.raises(ValueError, match="3 rows and 2 prompts"):
         ev.evaluate(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -289,22 +288,28 @@ def test_hung_sidecar_is_detected_by_the_call_timeout(setup):
     assert process.call({"op": "health"}, timeout_s=30.0)["ok"] is True
 
 
-def test_kill_9_mid_generate_restarts_repushes_and_retries(setup):
+def test_kill_9_mid_generate_restarts_repushes_and_retries(setup, monkeypatch):
     engine, model = setup
     base = engine.weight_version
     engine.push_hf_tensors(hf_state(model, scale=0.9), version=base + 1)
     requests = [Request(i, p, 8) for i, p in enumerate(PROMPTS)]
     sampling = SamplingParams(max_new_tokens=100, temperature=1.0, seed=9)
-    start = time.monotonic()
     expected = _keyed(engine.generate(requests, sampling))
-    duration = time.monotonic() - start
     old_pid, restarts = engine.pid, engine.restarts
-    # Kill a third of the way into the same (seeded, so same-length) call.
-    killer = threading.Timer(duration / 3, os.kill, (old_pid, signal.SIGKILL))
-    killer.start()
+    # SIGKILL the sidecar the moment the generate request has been handed to it, so the kill
+    # always lands inside the call (a timer raced with a fast, warm generate on an idle machine).
+    send_frame, killed = wire.send_frame, []
+
+    def send_then_kill(sock, message):
+        send_frame(sock, message)
+        if message.get("op") == "generate" and not killed:
+            killed.append(old_pid)
+            os.kill(old_pid, signal.SIGKILL)
+
+    monkeypatch.setattr(wire, "send_frame", send_then_kill)
     start = time.monotonic()
     got = engine.generate(requests, sampling)
-    killer.join()
+    assert killed == [old_pid]
     assert engine.restarts == restarts + 1 and engine.pid != old_pid
     assert time.monotonic() - start < engine.config.call_timeout_s + engine.config.startup_timeout_s
     # The retry ran on the re-pushed weights (version base + 1), not on the checkpoint's.
