@@ -296,15 +296,18 @@ def test_kill_9_mid_generate_restarts_repushes_and_retries(setup, monkeypatch):
     sampling = SamplingParams(max_new_tokens=100, temperature=1.0, seed=9)
     expected = _keyed(engine.generate(requests, sampling))
     old_pid, restarts = engine.pid, engine.restarts
-    # SIGKILL the sidecar the moment the generate request has been handed to it, so the kill
-    # always lands inside the call (a timer raced with a fast, warm generate on an idle machine).
+    # The kill must land inside the call whatever the scheduling: a timer raced a fast, warm
+    # generate, and a kill sent right after the request lost to the sidecar when the sender was
+    # descheduled. So freeze the sidecar, hand it the generate request, then SIGKILL it.
     send_frame, killed = wire.send_frame, []
 
     def send_then_kill(sock, message):
+        if message.get("op") != "generate" or killed:
+            return send_frame(sock, message)
+        os.kill(old_pid, signal.SIGSTOP)
         send_frame(sock, message)
-        if message.get("op") == "generate" and not killed:
-            killed.append(old_pid)
-            os.kill(old_pid, signal.SIGKILL)
+        killed.append(old_pid)
+        os.kill(old_pid, signal.SIGKILL)
 
     monkeypatch.setattr(wire, "send_frame", send_then_kill)
     start = time.monotonic()
