@@ -16,20 +16,10 @@ silent, to be checked against the papers' appendices before claiming a reproduct
 from pathlib import Path
 
 from configs import base
+from dynamo_jax.losses.config import BASELINES  # Table 1: one loss preset each
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math"
 
-BASELINES = (
-    "dynamo",
-    "grpo",
-    "clip_higher",
-    "entropy_loss",
-    "fork_tokens",
-    "entropy_adv",
-    "clip_cov",
-    "kl_cov",
-    "w_reinforce",
-)
 # Table 2: which DynaMO component is switched off.
 ABLATIONS = ("none", "no_dra", "no_gc", "no_ums", "no_modulation")
 
