@@ -8,6 +8,13 @@ The config file is an ml_collections file (`file.py:arg` passes `arg` to its `ge
 so a misspelt override fails. A workdir holding checkpoints is resumed from its latest one.
 `--dry_run` builds the mesh, shardings and the jitted step on abstract shapes and prints the
 memory plan, without loading weights or data.
+
+Multi-process (one process per host, same command everywhere, a workdir all hosts can reach):
+
+    JAX_COORDINATOR_ADDRESS=host0:1234 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=<0|1> \
+        python launch.py --config configs/tiny.py --workdir W --config.mesh.shape='(1,2,1)'
+
+Without those variables the run is single-process.
 """
 
 from absl import app, flags
@@ -27,6 +34,12 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
         absl_logging.set_verbosity(absl_logging.WARNING)
+    if not _DRY_RUN.value:
+        # Join the job before any JAX computation (a no-op without the JAX_* variables). The dry
+        # run simulates its devices in a subprocess of its own and never joins.
+        from dynamo_jax.sharding.multihost import DistributedConfig, initialize_distributed
+
+        initialize_distributed(DistributedConfig())
     from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
 

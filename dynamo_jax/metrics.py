@@ -124,3 +124,17 @@ class MetricsWriter:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
+
+
+class NullWriter:
+    """`MetricsWriter`'s interface doing nothing: what non-primary processes of a multi-process
+    run hold, so that metrics, TensorBoard and the progress bar are written once (process 0)."""
+
+    def write(self, step: int, values: Mapping[str, Any]) -> None:
+        del step, values
+
+    def message(self, text: str) -> None:
+        del text
+
+    def close(self) -> None:
+        pass

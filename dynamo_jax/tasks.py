@@ -50,16 +50,28 @@ class Task:
 
     def score(self, completions: Sequence[Completion]) -> tuple[np.ndarray, dict[str, float]]:
         """Rewards float32 [len(completions)] and the share of each verdict status."""
+        rewards, codes = self.score_codes(completions)
+        return rewards, status_shares(codes)
+
+    def score_codes(self, completions: Sequence[Completion]) -> tuple[np.ndarray, np.ndarray]:
+        """Rewards float32 [n] and verdict status codes int32 [n] (indices into STATUSES): plain
+        arrays, so processes that each scored a slice can all-gather them."""
         texts = [self.decode(c.token_ids) for c in completions]
         golds = [self._answer_by_id[int(c.prompt_id)] for c in completions]
         verdicts = self.scorer.score(texts, golds)
         rewards = np.asarray([v.reward for v in verdicts], np.float32)
-        statuses = [v.status for v in verdicts]
-        shares = {f"reward/{s}_share": statuses.count(s) / max(len(statuses), 1) for s in STATUSES}
-        return rewards, shares
+        codes = np.asarray([STATUSES.index(v.status) for v in verdicts], np.int32)
+        return rewards, codes
 
     def close(self) -> None:
         self.scorer.close()
+
+
+def status_shares(codes: np.ndarray) -> dict[str, float]:
+    """The share of each verdict status among status codes (indices into STATUSES)."""
+    counts = np.bincount(np.asarray(codes, np.int64), minlength=len(STATUSES))
+    total = max(int(counts.sum()), 1)
+    return {f"reward/{s}_share": int(counts[i]) / total for i, s in enumerate(STATUSES)}
 
 
 QWEN2_TOKENIZER = "qwen2"  # init.tokenizer value: the real Qwen2 vocabulary, built offline

@@ -13,6 +13,24 @@ One step, top to bottom (`rl_step`), as in DESIGN.md "One training step, as data
 steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
 after `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
 
+Multi-process runs (`jax.distributed`, one process per host; launch.py joins the job from
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): every process runs this same
+host-side loop — same data order, allocation, seeds and scheduler — so every process holds the
+whole rollout batch. The rules that keep the processes in lock step:
+- generation: the JAX engine runs collectively on the global mesh and returns the same
+  completions on every process (rollout/jax_engine.py);
+- scoring: each process scores its contiguous slice of the completions and the rewards are
+  all-gathered, so every process holds identical rewards even if a verdict would differ between
+  hosts (math-verify runs under CPU/wall limits) and scoring work is split, not repeated;
+- old log-probs: the global batch is fed by rows (each process its own rows, cut from its whole
+  copy), the outputs all-gathered back to every process;
+- update: each mini-batch likewise (`multihost.global_batch_from_host`); the step's metrics are
+  replicated scalars, read on every process;
+- checkpoints: orbax saves and restores collectively (all processes call them; arrays are
+  written shard by shard, host NumPy trees and JSON by process 0 only);
+- metrics JSONL/TensorBoard/progress bar, config.json, plots and messages: process 0 only;
+- Ctrl-C on any process stops every process after the same step (the flag is all-gathered).
+
 Exact resume: every random stream is a function of (train.seed, step): the rollout seed, the
 mini-batch permutation, the data order (the iterator's own state is checkpointed). A run killed
 at any point and restarted from its last checkpoint therefore replays the same steps bit for bit.
@@ -42,9 +60,11 @@ from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError
 from dynamo_jax.config import OptimConfig, RunConfig, to_json_dict
 from dynamo_jax.losses.advantages import sequence_advantages
-from dynamo_jax.metrics import MetricsWriter, truncate_metrics
+from dynamo_jax.metrics import MetricsWriter, NullWriter, truncate_metrics
 from dynamo_jax.rollout.protocol import Request, SamplingParams
+from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.mesh import build_mesh
+from dynamo_jax.sharding.rules import replicated
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +126,19 @@ class Trainer:
     scheduler: TemperatureScheduler
     data_iter: Any
     train_step: Any
-    batch_fields: tuple[str, ...]  # the fields the jitted train step takes
+    batch_shardings: dict  # field → NamedSharding of the jitted train step's mini-batch
     skip_key: str  # its metric that flags a skipped (non-finite) update
     logprob_fn: Any
+    logprob_shardings: dict  # field → NamedSharding of logprob_fn's whole-rollout batch
     state: Any  # sharding.state.TrainState
     ref_params: Any = None  # frozen reference policy, only when the loss has a KL term
     consecutive_nonfinite: int = 0
     skipped_updates: int = 0
+
+    @property
+    def batch_fields(self) -> tuple[str, ...]:
+        """The fields the jitted train step takes."""
+        return tuple(self.batch_shardings)
 
     # -- checkpoint payload -------------------------------------------------------------
     def host_state(self) -> dict:
@@ -188,7 +214,7 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
     cfg = tr.cfg
     with _timed(timings, "score"):
         rewards = np.zeros(budget(cfg), np.float32)
-        rewards[: len(completions)], verdict_shares = tr.task.score(completions)
+        rewards[: len(completions)], verdict_shares = score_completions(tr.task, completions)
     batch = batching.pack_rollouts(
         tr.task.tokens_by_id,
         completions,
@@ -210,15 +236,32 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
     return batch, verdict_shares
 
 
+def score_completions(task: tasks.Task, completions: list) -> tuple[np.ndarray, dict]:
+    """Rewards and verdict shares; with several processes each scores its contiguous slice and
+    the results are all-gathered (module docstring), so every process gets the same arrays."""
+    procs, n = jax.process_count(), len(completions)
+    if procs == 1 or n == 0:
+        return task.score(completions)
+    per = -(-n // procs)
+    mine = completions[jax.process_index() * per :][:per]
+    rewards_p, codes_p = np.zeros(per, np.float32), np.full(per, -1, np.int32)
+    rewards_p[: len(mine)], codes_p[: len(mine)] = task.score_codes(mine)
+    rewards = multihost.allgather_host(rewards_p).reshape(-1)[:n]
+    codes = multihost.allgather_host(codes_p).reshape(-1)[:n]
+    return rewards, tasks.status_shares(codes)
+
+
 def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
     """π_old (and π_ref) log-probs at the batch temperature, from the trainer's own forward."""
     model_in = {k: batch[k] for k in ("tokens", "positions", "attention_mask", "temperature")}
     with _timed(timings, "old_logprobs"):
+        # Each process feeds its own rows; outputs come back whole to every process.
+        model_in = multihost.global_batch_from_host(model_in, tr.logprob_shardings, budget(tr.cfg))
         logp, ent = tr.logprob_fn(tr.state.params, model_in)
         if tr.ref_params is not None:
-            batch["ref_logp"] = np.asarray(tr.logprob_fn(tr.ref_params, model_in)[0])
-        batch["old_logp"] = np.asarray(logp)
-        entropy = np.asarray(ent)
+            batch["ref_logp"] = multihost.host_copy(tr.logprob_fn(tr.ref_params, model_in)[0])
+        batch["old_logp"] = multihost.host_copy(logp)
+        entropy = multihost.host_copy(ent)
     mask = batch["loss_mask"] > 0
     batch["_entropy_mean"] = float(entropy[mask].mean()) if mask.any() else float("nan")
     # Engine vs trainer log-probs of the sampled tokens: ~0 unless the engine runs other weights
@@ -241,6 +284,9 @@ def update(tr: Trainer, batch: dict, step: int, timings: dict) -> dict:
             for mb in batching.mini_batches(train_batch, cfg.train.mini_batch_size, perm):
                 if "noise" in tr.batch_fields:  # Clip-Cov's random token pick, keyed by step
                     mb["noise"] = rng.random(mb["tokens"].shape, dtype=np.float32)
+                mb = multihost.global_batch_from_host(
+                    mb, {f: tr.batch_shardings[f] for f in mb}, cfg.train.mini_batch_size
+                )
                 tr.state, metrics = tr.train_step(tr.state, mb)
                 per_update.append(metrics)
         fetched = jax.device_get(per_update)  # one host sync per step, not per update
@@ -335,7 +381,12 @@ def _mesh_devices(shape: tuple[int, ...]) -> list:
 
 def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     """Mesh, task, model state, jitted functions, engine, allocator and scheduler."""
-    from dynamo_jax.sharding.forward import make_logprob_fn
+    from dynamo_jax.sharding.forward import (
+        MODEL_INPUT_FIELDS,
+        activation_rules,
+        batch_shardings,
+        make_logprob_fn,
+    )
     from dynamo_jax.sharding.state import (
         init_train_state,
         train_state_from_params,
@@ -346,7 +397,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
     optimizer = make_optimizer(cfg.optim, cfg.train.steps * updates_per_step(cfg))
-    train_step, state_shardings, batch_shardings = make_train_step(
+    train_step, state_shardings, train_batch_shardings = make_train_step(
         cfg.model,
         cfg.loss,
         optimizer,
@@ -367,6 +418,13 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     else:
         state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
     logprob_fn = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=budget(cfg))
+    # logprob_fn's input shardings, computed as make_logprob_fn does, to feed it global arrays.
+    logprob_shardings = batch_shardings(
+        mesh,
+        activation_rules(cfg.mesh.rules, mesh, cfg.model),
+        budget(cfg),
+        (*MODEL_INPUT_FIELDS, "temperature"),
+    )
     ref_params = None
     if cfg.loss.kl != "none":
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
@@ -382,9 +440,10 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         scheduler=TemperatureScheduler(cfg.temperature),
         data_iter=task.iterator(cfg.data.seed, cfg.train.prompts_per_step),
         train_step=train_step,
-        batch_fields=tuple(batch_shardings),
+        batch_shardings=dict(train_batch_shardings),
         skip_key=SKIP_KEY,
         logprob_fn=logprob_fn,
+        logprob_shardings=dict(logprob_shardings),
         state=state,
         ref_params=ref_params,
     )
@@ -412,11 +471,20 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _checkpoint(tr: Trainer, ckpt: Checkpointer, step: int, writer: MetricsWriter) -> bool:
+def _base_key(tr: Trainer) -> jax.Array:
+    """The run's base RNG key as checkpointed: on a multi-process mesh a replicated global array
+    (orbax saves global arrays collectively; a process-local one would be written per process)."""
+    key = jax.random.key(tr.cfg.train.seed)
+    if multihost.is_multiprocess(tr.mesh):
+        return multihost.global_from_host(key, replicated(tr.mesh))
+    return key
+
+
+def _checkpoint(tr: Trainer, ckpt: Checkpointer, step: int, writer: Any) -> bool:
     try:
         ckpt.save(
             step,
-            state={"train": tr.state, "rng": jax.random.key(tr.cfg.train.seed)},
+            state={"train": tr.state, "rng": _base_key(tr)},
             host=tr.host_state(),
             meta={"step": step, "config": to_json_dict(tr.cfg)},
         )
@@ -432,7 +500,7 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
         "train": jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tr.state
         ),
-        "rng": jax.random.key(tr.cfg.train.seed),
+        "rng": _base_key(tr),
     }
     restored = ckpt.restore_latest(abstract)
     if restored is None:
@@ -442,20 +510,34 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
     tr.state = restored.state["train"]
     tr.load_host_state(restored.host)
     tr.engine.update_weights(tr.state.params, restored.step)
-    truncate_metrics(workdir, restored.step)
-    print(f"resumed {workdir} from step {restored.step}", flush=True)
+    if multihost.is_primary():
+        truncate_metrics(workdir, restored.step)
+        print(f"resumed {workdir} from step {restored.step}", flush=True)
     return restored.step
+
+
+def _any_process(flag: bool) -> bool:
+    """True if `flag` is set on any process (every process must call this at the same point)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(multihost.allgather_host(np.asarray(flag)).any())
 
 
 def run(cfg: RunConfig, workdir: str | Path) -> dict:
     """Train (resuming from `workdir`'s latest checkpoint if any); returns a summary dict."""
     workdir = Path(workdir)
+    primary = multihost.is_primary()  # metrics, config.json and plots are written once
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(json.dumps(to_json_dict(cfg), indent=1))
+    if primary:
+        (workdir / "config.json").write_text(json.dumps(to_json_dict(cfg), indent=1))
     tr = build_trainer(cfg, workdir)
     ckpt = Checkpointer(workdir / "checkpoints", cfg.checkpoint)
     start = _restore(tr, ckpt, workdir)
-    writer = MetricsWriter(workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start)
+    writer = (
+        MetricsWriter(workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start)
+        if primary
+        else NullWriter()
+    )
     stop = _StopRequest()
     previous_handler = signal.signal(signal.SIGINT, stop) if _main_thread() else None
     status, step = "finished", start
@@ -473,10 +555,11 @@ def run(cfg: RunConfig, workdir: str | Path) -> dict:
                     f"(train.max_consecutive_nonfinite); stopping"
                 )
                 break
-            last = step == cfg.train.steps or stop.requested
+            stopping = _any_process(stop.requested)  # every process stops after the same step
+            last = step == cfg.train.steps or stopping
             if step % cfg.checkpoint.every_steps == 0 or last:
                 _checkpoint(tr, ckpt, step, writer)
-            if stop.requested:
+            if stopping:
                 status = "interrupted"
                 break
     finally:
@@ -486,7 +569,7 @@ def run(cfg: RunConfig, workdir: str | Path) -> dict:
         writer.close()
         tr.engine.close()
         tr.task.close()
-    if cfg.logging.plots_at_end:
+    if cfg.logging.plots_at_end and primary:
         from dynamo_jax.plots import write_plots
 
         write_plots(workdir)

@@ -23,6 +23,13 @@ trainer's arrays: `update_weights` swaps a reference. On a mesh the batch inputs
 the `act_batch` rule's sharding and XLA propagates the parameters' own shardings through the
 programs.
 
+Multi-process meshes (devices of several `jax.distributed` processes): every process calls
+`generate` with the same requests (the training loop's host work is identical everywhere), so
+each builds the same host arrays and turns them into global arrays filling only its own shards
+(`multihost.global_from_host`); scalars and index vectors become replicated global arrays.
+Outputs are batch-sharded, so the host checks between chunks and the final harvest all-gather
+them (`multihost.host_copy`): every process returns the same completions.
+
 Shape letters: B batch rows, P padded prompt length, G generation-length bucket, V vocabulary,
 S stop-id slots.
 """
@@ -43,6 +50,7 @@ from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.decode import KVCache, decode_step, init_cache, prefill
 from dynamo_jax.rollout import buckets, sampling
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
+from dynamo_jax.sharding import multihost
 
 _CACHE_DTYPES = ("float32", "bfloat16")
 
@@ -254,6 +262,7 @@ class JaxEngine:
         self._param_shardings = param_shardings
         self._batch_sharding = None
         self._batch_multiple = 1
+        self._multiprocess = False
         if mesh is not None:
             from dynamo_jax.sharding import rules as sharding_rules
             from dynamo_jax.sharding.mesh import axis_size
@@ -265,6 +274,8 @@ class JaxEngine:
             self._batch_sharding = lambda b, ndim: sharding_rules.batch_sharding(
                 mesh, self._rules, b, ndim
             )
+            self._multiprocess = multihost.is_multiprocess(mesh)
+            self._replicated = sharding_rules.replicated(mesh)
         cache_dtype = config.cache_dtype or model_cfg.dtype
         self._cache_dtype = jnp.dtype(cache_dtype)
         self._compilations: collections.Counter = collections.Counter()
@@ -306,7 +317,7 @@ class JaxEngine:
                 f"({self._model_cfg.max_position_embeddings})"
             )
         mode = _Mode(self._model_cfg, sp.greedy, sp.top_k != -1, sp.top_p < 1.0)
-        knobs = _make_knobs(sp)
+        knobs = self._shared(_make_knobs(sp))
         gen_len = buckets.pow2_bucket(sp.max_new_tokens, self._config.min_new_tokens)
         version, results = self._version, {}
         for group in buckets.split_rows(rows, self._config.max_batch):
@@ -355,7 +366,24 @@ class JaxEngine:
     def _place(self, x: Any) -> Any:
         if self._batch_sharding is None:
             return jnp.asarray(x) if isinstance(x, np.ndarray) else x
-        return jax.device_put(x, self._batch_sharding(x.shape[0], x.ndim))
+        sharding = self._batch_sharding(x.shape[0], x.ndim)
+        if self._multiprocess:
+            return multihost.global_from_host(x, sharding)
+        return jax.device_put(x, sharding)
+
+    def _shared(self, tree: Any) -> Any:
+        """Scalars and index vectors every program input needs whole: replicated global arrays
+        on a multi-process mesh (a process-local array cannot meet global ones in one program)."""
+        if not self._multiprocess:
+            return tree
+        return jax.tree.map(lambda x: multihost.global_from_host(x, self._replicated), tree)
+
+    def _fetch(self, x: jax.Array) -> np.ndarray:
+        return multihost.host_copy(x) if self._multiprocess else np.asarray(x)
+
+    @property
+    def _harvest_fetch(self):
+        return multihost.host_copy if self._multiprocess else None
 
     def _run_batch(self, group, mode: _Mode, knobs: _Knobs, gen_len: int, sp: SamplingParams):
         """Prefill + chunked decode (+ compaction) of one batch; {(pid, j): result}."""
@@ -384,14 +412,15 @@ class JaxEngine:
         slots = list(group) + [None] * pad  # batch position -> row (None = filler)
         results = {}
         while True:
-            done_B = np.asarray(state.done_B)
+            done_B = self._fetch(state.done_B)
             if done_B.all():
                 break
             if cfg.compact:
                 state, slots = self._maybe_compact(state, slots, done_B, results)
-            until = jnp.int32(min(int(state.step) + cfg.decode_chunk, sp.max_new_tokens))
+            step = int(self._fetch(state.step))
+            until = self._shared(jnp.int32(min(step + cfg.decode_chunk, sp.max_new_tokens)))
             state = self._call("decode", _DECODE, self._params, state, knobs, until, mode=mode)
-        _harvest(state, slots, range(len(slots)), results)
+        _harvest(state, slots, range(len(slots)), results, self._harvest_fetch)
         return results
 
     def _maybe_compact(self, state: _State, slots, done_B: np.ndarray, results):
@@ -401,12 +430,12 @@ class JaxEngine:
         if new_batch >= len(slots):
             return state, slots
         finished = np.flatnonzero(done_B)
-        _harvest(state, slots, finished, results)
+        _harvest(state, slots, finished, results, self._harvest_fetch)
         # Fillers copy a finished row, so they stay finished and cost nothing but their slot.
         rows_b = np.concatenate([live, np.full(new_batch - len(live), finished[0])]).astype(
             np.int32
         )
-        state = self._call("compact", _COMPACT, state, jnp.asarray(rows_b))
+        state = self._call("compact", _COMPACT, state, self._shared(jnp.asarray(rows_b)))
         slots = [slots[i] for i in live] + [None] * (new_batch - len(live))
         return state, slots
 
@@ -424,14 +453,18 @@ def _make_knobs(sp: SamplingParams) -> _Knobs:
     )
 
 
-def _harvest(state: _State, slots, positions, results) -> None:
-    """Copy finished rows' outputs to host numpy, keyed by (prompt_id, sample_index)."""
+def _harvest(state: _State, slots, positions, results, fetch=None) -> None:
+    """Copy finished rows' outputs to host numpy, keyed by (prompt_id, sample_index).
+
+    `fetch` brings one array to the host (an all-gather on multi-process meshes)."""
     positions = [p for p in positions if slots[p] is not None]
     if not positions:
         return
-    tokens, logprobs, length, stopped = jax.device_get(
-        (state.tokens_BxG, state.logprobs_BxG, state.length_B, state.stopped_B)
-    )
+    outputs = (state.tokens_BxG, state.logprobs_BxG, state.length_B, state.stopped_B)
+    if fetch is None:
+        tokens, logprobs, length, stopped = jax.device_get(outputs)
+    else:
+        tokens, logprobs, length, stopped = (fetch(x) for x in outputs)
     for p in positions:
         row, n = slots[p], int(length[p])
         results[(row.prompt_id, row.sample_index)] = (

@@ -8,6 +8,11 @@ Where host-side work runs (each function below says which processes call it):
   sidecar, checkpoint metadata written outside orbax. Orbax checkpoint saves and restores are
   collective: every process calls them (each writes its own shards).
 - `sync_hosts`: EVERY process (a barrier; a process that skips it hangs the others).
+- `global_from_host` / `global_batch_from_host` / `host_copy`: EVERY process, each holding (or
+  receiving) the same full host value. The training loop runs the same host-side work on every
+  process, so every process already holds the whole rollout batch; these cut it into the rows
+  each process owns, and bring sharded outputs back whole to every process.
+- `allgather_host`: EVERY process, each with its own host array of the same shape.
 """
 
 from __future__ import annotations
@@ -188,6 +193,66 @@ def make_global_batch(
         global_shape = (global_batch_size, *local.shape[1:])
         out[key] = jax.make_array_from_process_local_data(sharding, local, global_shape)
     return out
+
+
+def is_multiprocess(mesh_or_sharding) -> bool:
+    """True if a mesh (or sharding) holds devices of other processes, i.e. host values must be
+    turned into global arrays explicitly and outputs gathered before they can be read."""
+    devices = getattr(mesh_or_sharding, "devices", None)
+    if devices is not None and not callable(devices):  # a Mesh: ndarray of devices
+        flat = devices.flat
+    else:
+        flat = mesh_or_sharding.device_set
+    return any(d.process_index != jax.process_index() for d in flat)
+
+
+def global_from_host(x, sharding: NamedSharding) -> jax.Array:
+    """A global array with `sharding` from a host value EVERY process holds in full.
+
+    Each process fills only its addressable shards (no communication). PRNG key arrays are
+    carried as their raw key data and re-wrapped, since keys cannot be sliced on the host.
+    """
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(x)
+        data = np.asarray(jax.random.key_data(x))
+        data_sharding = NamedSharding(sharding.mesh, sharding.spec)  # trailing dims replicated
+        return jax.random.wrap_key_data(global_from_host(data, data_sharding), impl=impl)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def global_batch_from_host(
+    batch: Mapping[str, np.ndarray],
+    shardings: Mapping[str, NamedSharding],
+    global_batch_size: int,
+) -> dict[str, jax.Array]:
+    """`make_global_batch` for a batch EVERY process holds whole: each feeds only its own rows
+    (`local_batch_rows`), the replicated fields (the temperature) whole."""
+    local = {}
+    for key, sharding in shardings.items():
+        value = batch[key]
+        if sharding.is_fully_replicated or isinstance(value, jax.Array):
+            local[key] = value
+        else:
+            local[key] = np.asarray(value)[local_batch_rows(sharding, global_batch_size)]
+    return make_global_batch(local, shardings, global_batch_size)
+
+
+def host_copy(x: jax.Array) -> np.ndarray:
+    """The whole value of `x` as NumPy on EVERY process: a plain copy when this process can see
+    all of it (one process, or replicated), an all-gather across processes otherwise."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def allgather_host(x: np.ndarray) -> np.ndarray:
+    """[num_processes, *x.shape]: every process's `x` stacked in process order (x as [1, ...]
+    with one process). Call on EVERY process with arrays of equal shape and dtype."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
 
 
 def local_rows_of(x: jax.Array) -> np.ndarray:

@@ -1,0 +1,165 @@
+"""The training loop as two real processes (jax.distributed on 127.0.0.1, one CPU device each)
+against one process with two devices: `python launch.py` on the tiny config, fsdp=2 so the
+parameters and every batch span the processes.
+
+Both runs must log the same per-step metrics (rewards, allocation, loss statistics: exactly),
+write one set of metrics and one checkpoint (process 0 writes the host payload, each process its
+own array shards), and end with bit-identical parameters and optimizer state.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny
+from dynamo_jax import train
+from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
+from dynamo_jax.config import from_config_dict
+from dynamo_jax.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 3
+# Wall-clock figures differ between runs; everything else must not.
+TIMING_PREFIXES = ("time/", "perf/tokens_per_s")
+OVERRIDES = (
+    f"--config.train.steps={STEPS}",
+    "--config.mesh.shape=(1,2,1)",  # fsdp=2: with two processes each holds half of every matrix
+    "--config.eval.every_steps=3",  # the last step evaluates: the engine runs collectively there
+    "--config.logging.progress_bar=False",
+    "--config.logging.tensorboard=False",
+    "--config.logging.plots_at_end=False",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(workdir: Path, devices: int, process: tuple[int, int, int] | None):
+    """`launch.py` in a child with `devices` CPU devices; `process` = (count, id, port)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_P"))
+    }
+    env.pop("JAX_PROCESS_ID", None)
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    if process is not None:
+        count, pid, port = process
+        env.update(
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+            JAX_NUM_PROCESSES=str(count),
+            JAX_PROCESS_ID=str(pid),
+        )
+    cmd = [sys.executable, "launch.py", "--config", "configs/tiny.py", "--workdir", str(workdir)]
+    return subprocess.Popen(
+        [*cmd, *OVERRIDES],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(multi-process workdir, single-process workdir), run side by side."""
+    root = tmp_path_factory.mktemp("train_multihost")
+    multi, single = root / "multi", root / "single"
+    port = _free_port()
+    procs = [
+        _launch(multi, 1, (2, 0, port)),
+        _launch(multi, 1, (2, 1, port)),
+        _launch(single, 2, None),
+    ]
+    try:
+        outputs = [p.communicate(timeout=900)[0] for p in procs]
+    finally:
+        for p in procs:  # never leave a peer behind to join the next run's coordinator
+            if p.poll() is None:
+                p.kill()
+    for name, p, out in zip(("process 0", "process 1", "single"), procs, outputs):
+        assert p.returncode == 0, f"{name} failed:\n{out[-4000:]}"
+    return multi, single
+
+
+def _config():
+    config = tiny.get_config()
+    config.train.steps = STEPS
+    config.mesh.shape = (1, 2, 1)
+    return from_config_dict(config)
+
+
+def _restore(workdir: Path):
+    """(step, train state, host payload, meta) of the newest checkpoint, on one device."""
+    from dynamo_jax.sharding.state import abstract_train_state
+
+    cfg = _config()
+    optimizer = train.make_optimizer(cfg.optim, cfg.train.steps * train.updates_per_step(cfg))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    abstract = {
+        "train": jax.tree.map(place, abstract_train_state(cfg.model, optimizer)),
+        "rng": jax.random.key(cfg.train.seed),
+    }
+    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig())
+    try:
+        assert ckpt.all_steps() == [STEPS]
+        restored = ckpt.restore(STEPS, abstract)
+    finally:
+        ckpt.close()
+    return restored
+
+
+def _deterministic(records):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
+
+
+def test_same_metrics_every_step(runs):
+    multi, single = runs
+    got, want = read_metrics(multi), read_metrics(single)
+    # One line per step: only process 0 writes metrics (a second writer would double them).
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, STEPS + 1))
+    assert _deterministic(got) == _deterministic(want)
+    # The comparison covers what the processes had to agree on, not just bookkeeping.
+    for key in ("reward/mean", "alloc/n_hist", "loss/loss", "loss/grad_norm", "entropy/mean"):
+        assert key in got[0], key
+    assert "eval/pass@1" in got[-1]
+    assert got[-1]["train/applied_updates"] == STEPS * train.updates_per_step(_config())
+
+
+def test_checkpoint_written_once_and_restores_the_same_state(runs):
+    multi, single = runs
+    assert json.loads((multi / "config.json").read_text()) == json.loads(
+        (single / "config.json").read_text()
+    )
+    state_dir = multi / "checkpoints" / str(STEPS) / "state"
+    # Each process wrote its own shards of the arrays; the host payload came from process 0 only.
+    assert sorted(p.name for p in state_dir.glob("ocdbt.process_*")) == [
+        "ocdbt.process_0",
+        "ocdbt.process_1",
+    ]
+    assert not list((multi / "checkpoints" / str(STEPS) / "host").glob("ocdbt.process_1"))
+    got, want = _restore(multi), _restore(single)
+    assert got.meta == want.meta
+    jax.tree.map(np.testing.assert_array_equal, got.host, want.host)
+    flat_got = jax.tree_util.tree_leaves_with_path(got.state["train"])
+    flat_want = jax.tree.leaves(want.state["train"])
+    assert len(flat_got) == len(flat_want)
+    # Bit-identical, not just close: with two participants every cross-process sum (gradient
+    # reduce-scatter, statistics) is a + b in either order, and each process computes the rows
+    # its device would compute in the single process.
+    for (path, a), b in zip(flat_got, flat_want):
+        np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
+        )
+    # Trained state was compared, not an untouched tree: every update was applied.
+    assert int(got.state["train"].step) == STEPS * train.updates_per_step(_config())
