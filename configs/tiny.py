@@ -7,12 +7,14 @@ Everything runs in one process: the in-process JAX sampler generates, the synthe
 checker scores, no GPU, no downloads. The mean reward rises from near chance to near 1 within the
 step budget (a few minutes on 2 CPU cores). `method` picks the recipe at equal rollout budget:
 dynamo (default: water-level allocation + GC/UMS modulation), grpo (uniform allocation, plain
-clipped surrogate), e3 (rank allocation with curriculum + entropy-holding temperature).
+clipped surrogate), e3 (rank allocation with curriculum + entropy-holding temperature), and the
+two halves of DynaMO alone (Table 2's ablations at tiny scale): dynamo_no_dra (uniform allocation,
+GC/UMS loss) and dynamo_no_modulation (water-level allocation, plain clipped surrogate).
 """
 
 from configs import base
 
-METHODS = ("dynamo", "grpo", "e3")
+METHODS = ("dynamo", "grpo", "e3", "dynamo_no_dra", "dynamo_no_modulation")
 
 
 def get_config(arg: str | None = None):
@@ -31,10 +33,14 @@ def get_config(arg: str | None = None):
     config.reward = base.reward(num_workers=1)  # the synthetic task is scored in-process
     config.rollout = base.rollout("jax", max_new_tokens=4)  # short answers: one digit + stop
     config.jax_engine = base.jax_engine(max_batch=128)
+    dynamo_allocation = base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8)
+    uniform_allocation = base.allocation("uniform", n_avg=8, g_min=2, g_max=16)
     config.allocation = {
-        "dynamo": base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8),
-        "grpo": base.allocation("uniform", n_avg=8, g_min=2, g_max=16),
+        "dynamo": dynamo_allocation,
+        "grpo": uniform_allocation,
         "e3": base.allocation("e3", n_avg=8, g_min=4, g_max=12),
+        "dynamo_no_dra": uniform_allocation,
+        "dynamo_no_modulation": dynamo_allocation,
     }[method]
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps here; with the paper's 1.0 early failures of now-solved prompts
@@ -46,7 +52,8 @@ def get_config(arg: str | None = None):
         if method == "e3"
         else base.temperature("fixed", 1.0)
     )
-    config.loss = base.loss("dynamo" if method == "dynamo" else "grpo")
+    # GC/UMS modulation for dynamo and dynamo_no_dra; the plain GRPO surrogate otherwise
+    config.loss = base.loss("dynamo" if method in ("dynamo", "dynamo_no_dra") else "grpo")
     config.mesh = base.mesh((1, 1, 1))  # one CPU device
     config.optim = base.optim(learning_rate=1e-3)  # a random tiny model needs a large step size
     config.train = base.train(steps=steps, prompts_per_step=16, mini_batch_size=64)

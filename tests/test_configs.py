@@ -44,12 +44,18 @@ def test_config_loads_and_validates(name):
 
 
 def test_tiny_methods_share_the_rollout_budget():
-    runs = {m: _load("tiny", f"method={m}") for m in ("dynamo", "grpo", "e3")}
+    from configs.tiny import METHODS
+
+    runs = {m: _load("tiny", f"method={m}") for m in METHODS}
     budgets = {m: r.train.prompts_per_step * r.allocation.n_avg for m, r in runs.items()}
     assert len(set(budgets.values())) == 1
     assert runs["dynamo"].allocation.policy == "dynamo" and runs["dynamo"].loss.baseline == "dynamo"
     assert runs["grpo"].allocation.policy == "uniform" and runs["grpo"].loss.baseline == "grpo"
     assert runs["e3"].temperature.mode == "e3" and runs["e3"].temperature.anneal
+    # The two halves of DynaMO, each alone (Table 2's ablations at tiny scale).
+    no_dra, no_mod = runs["dynamo_no_dra"], runs["dynamo_no_modulation"]
+    assert no_dra.allocation.policy == "uniform" and no_dra.loss.baseline == "dynamo"
+    assert no_mod.allocation == runs["dynamo"].allocation and no_mod.loss.baseline == "grpo"
 
 
 @pytest.mark.parametrize(
