@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from dynamo_jax.evaluate import stop_token_ids
@@ -158,6 +159,13 @@ def build_engine(cfg: Any, params: Any, mesh: Any, param_shardings: Any, workdir
         )
     from dynamo_jax.rollout.sidecar_client import SidecarConfig, VLLMSidecarEngine
 
+    if jax.process_count() > 1:
+        # Each process would start its own sidecar and sample the whole batch on its own: the
+        # processes' batches would differ. The split is described in docs/scaling.md.
+        raise ValueError(
+            "rollout.engine='vllm' is single-process only; a multi-process run needs "
+            "rollout.engine='jax' (docs/scaling.md, Multi-host runs)"
+        )
     if not cfg.init.checkpoint:
         raise ValueError("rollout.engine='vllm' needs init.checkpoint (vLLM starts from HF files)")
     sidecar = SidecarConfig(

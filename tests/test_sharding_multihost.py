@@ -18,7 +18,12 @@ from dynamo_jax.models.qwen import positions_from_mask
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.sharding.multihost import (
     DistributedConfig,
+    allgather_host,
+    global_batch_from_host,
+    global_from_host,
+    host_copy,
     initialize_distributed,
+    is_multiprocess,
     local_batch_rows,
     local_rows_of,
     make_global_batch,
@@ -77,6 +82,30 @@ def test_single_process_feeds_the_whole_batch():
     with pytest.raises(ValueError, match="must feed rows \\[0, 8\\) = 8 rows, got 4"):
         make_global_batch({"tokens": local["tokens"][:4]}, {"tokens": rows}, 8)
     assert jax.process_count() == 1
+
+
+def test_host_copies_to_global_arrays_and_back():
+    """The whole-batch helpers the training loop uses; the two-process paths run in
+    tests/test_train_multihost.py (the loop) and in the test below (the step)."""
+    mesh = build_mesh(MeshConfig(shape=(1, 4, 2)))
+    assert not is_multiprocess(mesh) and not is_multiprocess(replicated(mesh))
+    rows = batch_sharding(mesh, DEFAULT_RULES, batch_size=8, ndim=2)
+    x = np.arange(40, dtype=np.float32).reshape(8, 5)
+    g = global_from_host(x, rows)
+    assert g.sharding == rows and g.addressable_shards[0].data.shape == (2, 5)
+    np.testing.assert_array_equal(host_copy(g), x)
+    # PRNG keys travel as key data and come back as the same keys, sharded by row.
+    keys = jax.random.split(jax.random.key(3), 8)
+    gk = global_from_host(keys, batch_sharding(mesh, DEFAULT_RULES, batch_size=8, ndim=1))
+    np.testing.assert_array_equal(
+        np.asarray(jax.random.key_data(gk)), np.asarray(jax.random.key_data(keys))
+    )
+    assert jax.random.key_impl(gk) == jax.random.key_impl(keys)
+    full = {"tokens": x.astype(np.int32), "temperature": np.float32(0.7)}
+    out = global_batch_from_host(full, {"tokens": rows, "temperature": replicated(mesh)}, 8)
+    np.testing.assert_array_equal(host_copy(out["tokens"]), full["tokens"])
+    assert out["tokens"].sharding == rows and float(out["temperature"]) == np.float32(0.7)
+    np.testing.assert_array_equal(allgather_host(np.arange(3)), [[0, 1, 2]])
 
 
 # --- Two processes on 127.0.0.1 vs one process, both running the real train step. -----------

@@ -163,3 +163,16 @@ def test_checkpoint_written_once_and_restores_the_same_state(runs):
         )
     # Trained state was compared, not an untouched tree: every update was applied.
     assert int(got.state["train"].step) == STEPS * train.updates_per_step(_config())
+
+
+def test_vllm_engine_refuses_several_processes(monkeypatch, tmp_path):
+    """Each process would start its own sidecar and sample its own batch: refused up front."""
+    from dynamo_jax import tasks
+
+    config = tiny.get_config()
+    config.rollout.engine = "vllm"
+    config.init.checkpoint = str(tmp_path)
+    cfg = from_config_dict(config)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match="single-process only.*rollout.engine='jax'"):
+        tasks.build_engine(cfg, None, None, None, tmp_path)
