@@ -329,6 +329,8 @@ def test_close_frees_the_process_and_the_files(setup):
     engine, _ = setup  # the last test of the module: the fixture's close() is then a no-op
     pid, push_dir, socket_dir = engine.pid, engine._res.push_dir, engine._res.socket_dir
     assert push_dir is not None and push_dir.is_dir()
+    # vLLM's temp files (its never-deleted rendezvous file) live in the private dir, not /tmp.
+    assert list(Path(socket_dir, "tmp").glob("vllm_dist_*"))
     engine.close()
     assert not Path(f"/proc/{pid}").exists()  # killed and reaped
     assert not push_dir.exists() and not Path(socket_dir).exists()

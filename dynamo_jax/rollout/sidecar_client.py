@@ -20,6 +20,7 @@ covers every way the trainer can end.
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import logging
 import os
@@ -179,6 +180,18 @@ def _kill_group(popen: subprocess.Popen | None) -> None:
             pass
 
 
+def _private_tmp_env(env: dict, private_dir: str) -> dict:
+    """TMPDIR inside the engine's private dir, which `close` removes: vLLM leaves a rendezvous
+    file (`vllm_dist_<uuid>`) in the temp dir of every engine it starts and never deletes it.
+    Torch's compile cache keeps its usual place, so restarts still find compiled kernels."""
+    tmp_dir = os.path.join(private_dir, "tmp")
+    os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
+    inductor_cache = env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"
+    )
+    return {"TMPDIR": tmp_dir, "TORCHINDUCTOR_CACHE_DIR": inductor_cache}
+
+
 def spawn(config: SidecarConfig, log_path: Path, socket_path: str) -> _Process:
     """Start a sidecar without waiting for it (the engine waits for health)."""
     secret = secrets.token_hex(32)
@@ -188,6 +201,7 @@ def spawn(config: SidecarConfig, log_path: Path, socket_path: str) -> _Process:
         **dict(config.extra_env),
     }
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(_private_tmp_env(env, os.path.dirname(socket_path)))
     env.pop("PYTHONPATH", None)  # the trainer's paths must not leak into the vLLM venv
     command = [
         config.python, str(SERVER_SCRIPT), "--socket", socket_path,
