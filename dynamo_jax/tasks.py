@@ -18,6 +18,7 @@ import numpy as np
 from dynamo_jax.evaluate import stop_token_ids
 from dynamo_jax.rewards.verdict import STATUSES
 from dynamo_jax.rollout.protocol import Completion
+from dynamo_jax.sharding import multihost
 
 
 @dataclasses.dataclass
@@ -73,6 +74,22 @@ def status_shares(codes: np.ndarray) -> dict[str, float]:
     counts = np.bincount(np.asarray(codes, np.int64), minlength=len(STATUSES))
     total = max(int(counts.sum()), 1)
     return {f"reward/{s}_share": int(counts[i]) / total for i, s in enumerate(STATUSES)}
+
+
+def score_completions(task: Task, completions: list) -> tuple[np.ndarray, dict]:
+    """Rewards and verdict shares of `completions`. With several processes each scores its
+    contiguous slice and the results are all-gathered (train.py's module docstring): every
+    process gets the same arrays, and the scoring work is split rather than repeated."""
+    procs, n = jax.process_count(), len(completions)
+    if procs == 1 or n == 0:
+        return task.score(completions)
+    per = -(-n // procs)
+    mine = completions[jax.process_index() * per :][:per]
+    rewards_p, codes_p = np.zeros(per, np.float32), np.full(per, -1, np.int32)
+    rewards_p[: len(mine)], codes_p[: len(mine)] = task.score_codes(mine)
+    rewards = multihost.allgather_host(rewards_p).reshape(-1)[:n]
+    codes = multihost.allgather_host(codes_p).reshape(-1)[:n]
+    return rewards, status_shares(codes)
 
 
 QWEN2_TOKENIZER = "qwen2"  # init.tokenizer value: the real Qwen2 vocabulary, built offline

@@ -214,7 +214,7 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
     cfg = tr.cfg
     with _timed(timings, "score"):
         rewards = np.zeros(budget(cfg), np.float32)
-        rewards[: len(completions)], verdict_shares = score_completions(tr.task, completions)
+        rewards[: len(completions)], verdict_shares = tasks.score_completions(tr.task, completions)
     batch = batching.pack_rollouts(
         tr.task.tokens_by_id,
         completions,
@@ -234,21 +234,6 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
     batch["advantages"] = np.asarray(adv_B, np.float32)
     batch["temperature"] = np.float32(temperature)
     return batch, verdict_shares
-
-
-def score_completions(task: tasks.Task, completions: list) -> tuple[np.ndarray, dict]:
-    """Rewards and verdict shares; with several processes each scores its contiguous slice and
-    the results are all-gathered (module docstring), so every process gets the same arrays."""
-    procs, n = jax.process_count(), len(completions)
-    if procs == 1 or n == 0:
-        return task.score(completions)
-    per = -(-n // procs)
-    mine = completions[jax.process_index() * per :][:per]
-    rewards_p, codes_p = np.zeros(per, np.float32), np.full(per, -1, np.int32)
-    rewards_p[: len(mine)], codes_p[: len(mine)] = task.score_codes(mine)
-    rewards = multihost.allgather_host(rewards_p).reshape(-1)[:n]
-    codes = multihost.allgather_host(codes_p).reshape(-1)[:n]
-    return rewards, tasks.status_shares(codes)
 
 
 def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:

@@ -176,3 +176,58 @@ def test_vllm_engine_refuses_several_processes(monkeypatch, tmp_path):
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(ValueError, match="single-process only.*rollout.engine='jax'"):
         tasks.build_engine(cfg, None, None, None, tmp_path)
+
+
+def test_scoring_is_split_over_processes_and_gathered(monkeypatch):
+    """Three simulated processes (threads; the all-gather is a barrier) score 7 completions:
+    contiguous slices of 3, 3 and 1, each scored once, and every process ends with the rewards
+    and verdict shares a single process computes."""
+    import threading
+
+    from dynamo_jax import tasks
+    from dynamo_jax.rollout.protocol import Completion
+    from dynamo_jax.sharding import multihost
+
+    procs, n = 3, 7
+    completions = [Completion(10 + i, 0, (1,), (0.0,), "stop", 0) for i in range(n)]
+    scored: dict[int, list[int]] = {}
+    local, barrier, slots = threading.local(), threading.Barrier(procs), {}
+
+    class FakeTask:
+        def score_codes(self, comps):
+            scored[local.pid] = [c.prompt_id for c in comps]
+            ids = np.asarray([c.prompt_id for c in comps])
+            return (ids / 4).astype(np.float32), (ids % 3).astype(np.int32)
+
+        def score(self, comps):
+            rewards, codes = self.score_codes(comps)
+            return rewards, tasks.status_shares(codes)
+
+    def allgather(x):  # every simulated process deposits its array, then all read the stack
+        call = local.calls = getattr(local, "calls", -1) + 1
+        slots.setdefault(call, [None] * procs)[local.pid] = x
+        barrier.wait()
+        return np.stack(slots[call])
+
+    local.pid = 0
+    want = FakeTask().score(completions)
+    scored.clear()
+    monkeypatch.setattr(jax, "process_count", lambda: procs)
+    monkeypatch.setattr(jax, "process_index", lambda: local.pid)
+    monkeypatch.setattr(multihost, "allgather_host", allgather)
+    results = [None] * procs
+
+    def one_process(pid):
+        local.pid = pid
+        results[pid] = tasks.score_completions(FakeTask(), completions)
+
+    threads = [threading.Thread(target=one_process, args=(i,)) for i in range(procs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert scored == {0: [10, 11, 12], 1: [13, 14, 15], 2: [16]}
+    for rewards, shares in results:
+        np.testing.assert_array_equal(rewards, want[0])
+        assert shares == want[1]
+    assert want[1]["reward/wrong_share"] == 3 / 7  # ids 10, 13, 16 → code 1 ("wrong")
