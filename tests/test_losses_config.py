@@ -21,6 +21,7 @@ from dynamo_jax.losses import BASELINES, LossConfig
         (dict(kl="k3", kl_coef=0.0), "kl_coef"),
         (dict(clip_cov_lb=5.0, clip_cov_ub=1.0), "clip_cov_ub"),
         (dict(fork_top_ratio=0.0), "fork_top_ratio"),
+        (dict(logits_residual="store"), "logits_residual"),
     ],
 )
 def test_bad_values_raise_naming_the_field(kwargs, field):
@@ -42,3 +43,11 @@ def test_presets_and_derived_values():
     assert LossConfig.preset("w_reinforce").w_reinforce_lambda == 0.1
     with pytest.raises(ValueError, match="LossConfig.baseline"):
         LossConfig.preset("dapo")
+
+
+def test_logits_residual_choices_match_the_kernel():
+    from dynamo_jax.losses import config, logprobs
+
+    assert config.LOGITS_RESIDUALS == logprobs.LOGITS_RESIDUALS
+    assert LossConfig().logits_residual == "recompute"  # no [N, V] residual unless asked for
+    assert LossConfig.preset("grpo", logits_residual="store_bf16").logits_residual == "store_bf16"

@@ -115,6 +115,93 @@ def test_k_carries_no_gradient_and_bf16_inputs_work():
     np.testing.assert_allclose(logp, r_logp, rtol=1e-5, atol=1e-5)  # f32 accumulation of bf16
 
 
+def test_zero_cotangent_tokens_are_skipped_exactly():
+    """Tokens with zero cotangents (prompt/padding under loss_mask) are left out of the backward
+    loop; the gradients still equal the naive ones, in the original token order, and a NaN
+    cotangent still reaches them."""
+    h, w, t = make(seed=8)
+    rng = np.random.default_rng(9)
+    keep = rng.random(N) < 0.6
+    keep[:8] = False  # a whole inactive block (block_size 8) and scattered inactive tokens
+    coeffs = jnp.asarray(rng.normal(size=(2, N)) * keep, jnp.float32)
+    chunked = lambda h, w, t, T: token_logprobs_entropy(h, w, t, T, block_size=8, vocab_tile=24)
+    g_c = _grad_fn(chunked, t, 0.9, coeffs)(h, w)
+    g_n = _grad_fn(naive_token_logprobs_entropy, t, 0.9, coeffs)(h, w)
+    for a, b in zip(g_c, g_n):
+        scale = np.abs(np.asarray(b)).max()
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=2e-6)
+    assert np.all(np.asarray(g_c[0])[~keep] == 0.0)
+    zero = _grad_fn(chunked, t, 0.9, jnp.zeros((2, N)))(h, w)
+    assert all(np.all(np.asarray(g) == 0.0) for g in zero)
+    nan = _grad_fn(chunked, t, 0.9, coeffs.at[1, 20].set(jnp.nan))(h, w)
+    assert np.isnan(np.asarray(nan[1])).any() and np.isnan(np.asarray(nan[0])[20]).all()
+
+
+def residual_tol(residual, h, w, temperature):
+    """Tolerance on gradients / max |gradient| for a stored-logit mode.
+
+    store_fp32 stores exactly the logits the default recomputes: fp32 noise only. store_bf16
+    rounds z = h·W/T to 8 significant bits, |Δz| <= |z|·2^-9, so π = exp(z − lse) is off by a
+    relative |Δz| and every gradient term (∝ π) by about as much: twice max |Δz| bounds it
+    (max |z| ≈ 14 and 21 here, so 5.6e-2 and 8e-2; the error measured is ~3e-2).
+    """
+    if residual == "store_fp32":
+        return 2e-6
+    z_max = np.abs(np.asarray(h, np.float64) @ np.asarray(w, np.float64)).max() / temperature
+    return 2 * z_max * 2.0**-9
+
+
+@pytest.mark.parametrize(
+    "residual,temperature,vocab_tile", [("store_fp32", 0.7, 24), ("store_bf16", 1.0, 8192)]
+)
+def test_stored_logits_give_the_naive_gradients(residual, temperature, vocab_tile):
+    h, w, t = make(seed=2)
+    rng = np.random.default_rng(5)
+    coeffs = jnp.asarray(rng.normal(size=(2, N)) * (rng.random(N) < 0.7), jnp.float32)
+    f = lambda mode: (
+        lambda h, w, t, T: token_logprobs_entropy(
+            h, w, t, T, block_size=8, vocab_tile=vocab_tile, return_k=True, logits_residual=mode
+        )
+    )
+    g_s = _grad_fn(f(residual), t, temperature, coeffs)(h, w)
+    g_r = _grad_fn(f("recompute"), t, temperature, coeffs)(h, w)
+    g_n = _grad_fn(naive_token_logprobs_entropy, t, temperature, coeffs)(h, w)
+    for a, r, b in zip(g_s, g_r, g_n):
+        scale = np.abs(np.asarray(b)).max()
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale,
+                                   atol=residual_tol(residual, h, w, temperature))  # fmt: skip
+        if residual == "store_bf16":  # the stored (rounded) logits really were used
+            assert np.abs(np.asarray(a) - np.asarray(r)).max() > 1e-6 * scale
+    out_s = jax.jit(lambda h, w: f(residual)(h, w, t, temperature))(h, w)
+    out_r = jax.jit(lambda h, w: f("recompute")(h, w, t, temperature))(h, w)
+    for a, b in zip(out_s, out_r):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("residual,bytes_per_logit", [("store_bf16", 2), ("store_fp32", 4)])
+def test_stored_logits_cost_the_documented_memory(residual, bytes_per_logit):
+    """The opt-in residual adds [N, V] logits (V·2 or V·4 bytes a token) and nothing else; the
+    default holds less than half of one [N, V] fp32 array."""
+    n, d, v = 512, 32, 8192
+    args = [jax.ShapeDtypeStruct(s, dt) for s, dt in
+            [((n, d), jnp.float32), ((d, v), jnp.float32), ((n,), jnp.int32)]]  # fmt: skip
+
+    def temp(mode):
+        f = lambda h, w, t: token_logprobs_entropy(
+            h, w, t, 1.0, block_size=64, logits_residual=mode
+        )
+        g = jax.jit(jax.grad(lambda h, w, t: jnp.sum(sum(f(h, w, t)[:2])), argnums=(0, 1)))
+        return g.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+    stored, default = temp(residual), temp("recompute")
+    # exactly one [N, V] buffer more than the default (no fp32 copy of the bf16 one)
+    assert n * v * bytes_per_logit <= stored - default <= 1.1 * n * v * bytes_per_logit, (
+        stored,
+        default,
+    )
+    assert default < n * v * 4 / 2, default
+
+
 MESHES = [
     ((8,), ("tensor",)),
     ((2, 4), ("data", "tensor")),
@@ -141,6 +228,22 @@ def test_vocab_sharded_equals_single_device(shape, names, vocab_tile):
     out_8 = jax.jit(many)(h, w, t, 0.8)
     for a, b in zip(out_1, out_8):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    g_1 = _grad_fn(one, t, 0.8, coeffs)(h, w)
+    g_8 = _grad_fn(many, t, 0.8, coeffs)(h, w)
+    for a, b in zip(g_1, g_8):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_stored_logits_vocab_sharded_equal_single_device():
+    """Each device keeps its own [N_local, V_local] logits; tile 12 splits the shard of 32."""
+    h, w, t = make(seed=6)
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "tensor"))
+    coeffs = jnp.asarray(np.random.default_rng(7).normal(size=(2, N)), jnp.float32)
+    kw = dict(block_size=4, return_k=True, logits_residual="store_fp32")
+    one = lambda h, w, t, T: token_logprobs_entropy(h, w, t, T, **kw)
+    many = lambda h, w, t, T: sharded_token_logprobs_entropy(
+        h, w, t, T, mesh=mesh, vocab_tile=12, **kw
+    )
     g_1 = _grad_fn(one, t, 0.8, coeffs)(h, w)
     g_8 = _grad_fn(many, t, 0.8, coeffs)(h, w)
     for a, b in zip(g_1, g_8):
@@ -185,6 +288,8 @@ def test_bad_shapes_and_unshardable_vocab_raise_clear_errors():
         token_logprobs_entropy(h[:5], w, t, 1.0)
     with pytest.raises(ValueError, match="vocab_tile must be >= 1"):
         token_logprobs_entropy(h, w, t, 1.0, vocab_tile=0)
+    with pytest.raises(ValueError, match="logits_residual must be one of"):
+        token_logprobs_entropy(h, w, t, 1.0, logits_residual="store")
     mesh = Mesh(np.array(jax.devices()[:3]), ("tensor",))
     with pytest.raises(ValueError, match="not divisible by the 'tensor' axis"):
         sharded_token_logprobs_entropy(h, w[:, :62], t % 62, 1.0, mesh=mesh)

@@ -102,15 +102,15 @@ def sharded_logits(cfg, params, batch, mesh):
 _CACHE = {}
 
 
-def run_step(setups, name, mesh_shape, micro_batches=1):
+def run_step(setups, name, mesh_shape, micro_batches=1, loss_cfg=LOSS_CFG):
     """(loss, grads, logits, metrics, compiled step, state shardings), cached per configuration."""
-    key = (name, mesh_shape, micro_batches)
+    key = (name, mesh_shape, micro_batches, loss_cfg)
     if key not in _CACHE:
         cfg, params, batch = setups[name]
         mesh = sub_mesh(mesh_shape)
         opt = optax.sgd(1.0)
         step, state_sh, _ = make_train_step(
-            cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=B, micro_batches=micro_batches
+            cfg, loss_cfg, opt, mesh, DEFAULT_RULES, batch_size=B, micro_batches=micro_batches
         )
         state = train_state_from_params(params, opt, state_sh)
         compiled = step.lower(state, batch).compile(FAST_COMPILE)
@@ -188,6 +188,24 @@ def test_sharded_step_matches_single_device(setups, name, mesh_shape):
     k_spec = attn["k_proj"]["kernel"].sharding.spec
     assert q_spec == P(None, "fsdp", "tensor" if 4 % tensor == 0 else None, None)
     assert k_spec == P(None, "fsdp", "tensor" if 2 % tensor == 0 else None, None)
+
+
+@pytest.mark.parametrize(
+    "residual,mesh_shape,tol",
+    # bf16-stored logits: |Δz| <= |z|·2^-9 with |z| up to ~10 for this sharpened model, so
+    # π and every gradient term move by up to ~2%: 3e-2 of each leaf's largest entry.
+    [("store_fp32", (1, 1, 1), GRAD_TOL), ("store_bf16", (1, 2, 4), 3e-2)],
+)
+def test_stored_logits_step_matches_default(setups, residual, mesh_shape, tol):
+    """The opt-in `logits_residual` modes give the default step's loss, metrics and update,
+    also with the vocabulary split over tensor = 4."""
+    ref_loss, ref_grads, _, ref_metrics, _, _ = run_step(setups, "tiny-qwen3", (1, 1, 1))
+    loss_cfg = LossConfig(logits_residual=residual)
+    loss, grads, _, metrics, _, _ = run_step(setups, "tiny-qwen3", mesh_shape, loss_cfg=loss_cfg)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)  # forward: same values
+    for key in ("entropy_min", "entropy_max", "beta_comp_mean", "beta_stab_mean"):
+        np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=2e-5, err_msg=key)
+    assert_trees_close(grads, ref_grads, tol)
 
 
 def test_micro_batching_does_not_change_the_update(setups):

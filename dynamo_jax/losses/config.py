@@ -24,6 +24,8 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ENTROPY_CHANGE_MODES = ("exact", "sequence_mean")
 STATS_SCOPES = ("global", "micro_batch")
 KL_ESTIMATORS = ("none", "k1", "k3")
+# Must equal logprobs.LOGITS_RESIDUALS (a test checks; config stays import-light).
+LOGITS_RESIDUALS = ("recompute", "store_bf16", "store_fp32")
 
 # Published defaults per baseline (§7). Sources:
 #   grpo:         DeepSeekMath (Shao et al. 2024), ε = 0.2 both sides; token-mean as in DynaMO.
@@ -97,6 +99,10 @@ class LossConfig:
     # Optional KL penalty to a frozen reference policy (off in both papers).
     kl: str = "none"
     kl_coef: float = 1e-3
+    # Where the backward of the log-prob pass gets the [tokens, V] logits: "recompute" (default:
+    # no [N, V] residual, one extra unembedding matmul) or kept from the forward, costing V·2
+    # ("store_bf16") or V·4 ("store_fp32") bytes per token per vocab shard (Qwen2.5: 0.3 / 0.6 MB).
+    logits_residual: str = "recompute"
 
     def __post_init__(self):
         _choice("baseline", self.baseline, BASELINES)
@@ -104,6 +110,7 @@ class LossConfig:
         _choice("entropy_change", self.entropy_change, ENTROPY_CHANGE_MODES)
         _choice("stats_scope", self.stats_scope, STATS_SCOPES)
         _choice("kl", self.kl, KL_ESTIMATORS)
+        _choice("logits_residual", self.logits_residual, LOGITS_RESIDUALS)
         _check("clip_low", 0.0 <= self.clip_low < 1.0, "in [0, 1)", self.clip_low)
         _check("clip_high", self.clip_high >= 0.0, ">= 0", self.clip_high)
         if self.dual_clip is not None:

@@ -96,11 +96,13 @@ def token_stats(
     rules: LogicalRules,
     return_k: bool,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    logits_residual: str = "recompute",
 ) -> tuple[Array, Array, Array | None]:
     """(logp_BxL, entropy_BxL, K_BxL or None), float32, per the module's batch convention.
 
     Call inside a jit over `mesh`; `rules` should already be `activation_rules(...)`.
-    Gradients flow through logp and entropy; K is stop-gradient.
+    Gradients flow through logp and entropy; K is stop-gradient. `logits_residual` is
+    `LossConfig.logits_residual` (what the backward of the log-prob pass keeps; logprobs.py).
     """
     tokens_BxL = batch["tokens"]
     b, length = tokens_BxL.shape
@@ -131,6 +133,7 @@ def token_stats(
         token_axes=token_axes,
         block_size=block_size,
         return_k=return_k,
+        logits_residual=logits_residual,
     )
     shift = lambda x: _shift_right(x.reshape(b, length))
     return shift(logp), shift(ent), (shift(k) if return_k else None)

@@ -192,6 +192,7 @@ def make_train_step(
         rules=act_rules,
         return_k=loss_cfg.needs_k,
         block_size=block_size,
+        logits_residual=loss_cfg.logits_residual,
     )
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
     compute_grads = _make_compute_grads(forward, loss_cfg, micro_batches, row_sh, state_sh.params)
