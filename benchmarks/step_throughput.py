@@ -1,6 +1,6 @@
 """Train-step throughput: the jitted JAX step vs HF transformers (PyTorch) forward + backward.
 
-    python benchmarks/step_throughput.py                      # CPU, two model shapes
+    python benchmarks/step_throughput.py                      # CPU, two shapes + full depth
     python benchmarks/step_throughput.py --mfu --preset qwen2.5-math-1.5b --batch 8 --seq 2048 \
         --no-torch --peak_tflops 989                          # on a GPU: MFU of the real shape
 
@@ -11,6 +11,14 @@ DynaMO loss, which also computes entropy and K); PyTorch runs the model's forwar
 logits, `log_softmax`, gather, backward and `torch.optim.AdamW`. Prints tokens/s for each and the
 ratio JAX / PyTorch (target >= 1.5x on CPU). With --mfu: model FLOPs utilisation,
 6·N·tokens/s (+ attention) over the device's peak.
+
+One JAX line per `LossConfig.logits_residual` mode, the default ("recompute": no [N, V] residual,
+the backward recomputes each logit tile) first, then the opt-in modes that keep the forward's
+logits (V·2 / V·4 bytes per token). In every mode the JAX backward skips the unembedding work of
+tokens with loss_mask 0 (their gradient is exactly zero); the batch here has a quarter prompt,
+and PyTorch's dense log_softmax backward does not skip it. The last row (--full_depth_batch)
+is the Qwen2.5-0.5B shape at its real 24 layers with a smaller batch (first mode only), where
+the vocabulary projection is a smaller share of the step.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ def model_cfg(preset: str, layers: int | None):
     return get_preset(preset, **overrides)
 
 
-def jax_tokens_per_s(cfg, batch: int, seq: int, iters: int, dtype: str) -> float:
+def jax_tokens_per_s(cfg, batch: int, seq: int, iters: int, dtype: str, residual: str) -> float:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -48,9 +56,8 @@ def jax_tokens_per_s(cfg, batch: int, seq: int, iters: int, dtype: str) -> float
     mesh_cfg = MeshConfig(shape=(1, 1, 1))
     mesh = build_mesh(mesh_cfg, jax.devices()[:1])
     optimizer = optax.adamw(1e-5)
-    step, _, _ = make_train_step(
-        cfg, LossConfig.preset("dynamo"), optimizer, mesh, mesh_cfg.rules, batch_size=batch
-    )
+    loss_cfg = LossConfig.preset("dynamo", logits_residual=residual)
+    step, _, _ = make_train_step(cfg, loss_cfg, optimizer, mesh, mesh_cfg.rules, batch_size=batch)
     state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32)
@@ -113,6 +120,26 @@ def train_flops_per_token(cfg, seq: int) -> float:
     return 6 * n + attn
 
 
+def run_shape(preset: str, layers: int | None, batch: int, residuals: list[str], args) -> None:
+    """Print one line per logits_residual mode for this shape, with the PyTorch ratio."""
+    cfg = model_cfg(preset, layers)
+    head = f"{preset} ({cfg.num_layers} layers, d={cfg.hidden_size}, V={cfg.vocab_size}, "
+    head += f"{batch} x {args.seq}): "
+    results = []
+    for residual in residuals:
+        tps = jax_tokens_per_s(cfg, batch, args.seq, args.iters, args.dtype, residual)
+        results.append((residual, tps))
+    torch_tps = torch_tokens_per_s(cfg, batch, args.seq, args.iters) if args.torch else None
+    for residual, tps in results:
+        line = head + f"JAX step [logits_residual={residual}] {tps:,.0f} tokens/s"
+        if torch_tps:
+            line += f", PyTorch fwd+bwd {torch_tps:,.0f} tokens/s, ratio {tps / torch_tps:.2f}x"
+        print(line, flush=True)
+        if args.mfu:
+            flops = train_flops_per_token(cfg, args.seq) * tps
+            print(f"  MFU {flops / (args.peak_tflops * 1e12):.1%} of {args.peak_tflops:g} TFLOP/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", action="append", help="model preset(s) (models/presets.py)")
@@ -121,6 +148,17 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--dtype", default="float32", help="JAX compute dtype")
+    parser.add_argument(
+        "--residuals",
+        default="recompute,store_bf16,store_fp32",
+        help="LossConfig.logits_residual modes to time, comma-separated (default mode first)",
+    )
+    parser.add_argument(
+        "--full_depth_batch",
+        type=int,
+        default=4,
+        help="batch of an extra qwen2.5-0.5b row at its full 24 layers (0 = skip)",
+    )
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--mfu", action="store_true", help="print model FLOPs utilisation")
     parser.add_argument("--peak_tflops", type=float, default=989.0, help="device peak (H100 bf16)")
@@ -130,20 +168,14 @@ def main() -> None:
     import jax
 
     print(
-        f"devices: {jax.devices()}; batch {args.batch} x {args.seq} tokens, {args.iters} timed steps"
+        f"devices: {jax.devices()}; batch {args.batch} x {args.seq} tokens, {args.iters} timed "
+        f"steps; load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)"
     )
     for preset in presets:
-        cfg = model_cfg(preset, args.layers or None)
-        jax_tps = jax_tokens_per_s(cfg, args.batch, args.seq, args.iters, args.dtype)
-        line = f"{preset} ({cfg.num_layers} layers, d={cfg.hidden_size}, V={cfg.vocab_size}): "
-        line += f"JAX step {jax_tps:,.0f} tokens/s"
-        if args.torch:
-            torch_tps = torch_tokens_per_s(cfg, args.batch, args.seq, args.iters)
-            line += f", PyTorch fwd+bwd {torch_tps:,.0f} tokens/s, ratio {jax_tps / torch_tps:.2f}x"
-        print(line, flush=True)
-        if args.mfu:
-            flops = train_flops_per_token(cfg, args.seq) * jax_tps
-            print(f"  MFU {flops / (args.peak_tflops * 1e12):.1%} of {args.peak_tflops:g} TFLOP/s")
+        run_shape(preset, args.layers or None, args.batch, args.residuals.split(","), args)
+    if args.full_depth_batch:  # the first (default) mode only: a full-depth JAX run is minutes
+        run_shape("qwen2.5-0.5b", None, args.full_depth_batch, args.residuals.split(",")[:1], args)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

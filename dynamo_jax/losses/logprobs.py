@@ -17,6 +17,19 @@ for Qwen2.5-1.5B in fp32). Compiled temp memory then depends on D, b and V_t onl
 D = 1536, b = 256, V_t = 8192 for N = 2048 … 16384 (fp32: the [N, D] dh carry is the output);
 every logit is still computed once forward and once backward (same FLOPs as before).
 
+Speed: the backward loops only over tokens with a non-zero cotangent (loss_mask = 0 tokens,
+i.e. prompt and padding, contribute exactly zero): they are ordered first (an argsort of N
+flags) and the token-block loop stops after their last block, so a batch with a quarter prompt
+does a quarter fewer backward tiles. Rows of h are gathered and dh rows scattered per block, so
+no reordered [N, D] copy exists. dW multiplies an explicitly transposed [D, b] block (XLA:CPU
+runs the [b, D]ᵀ-contracting form at half speed).
+
+Opt-in `logits_residual` ("store_bf16" / "store_fp32", LossConfig.logits_residual): the forward
+also writes each logit tile into an [N_p, V_l] residual (2 or 4 bytes per logit, as raw bits)
+and the backward reads it instead of recomputing the tile: 3 unembedding matmuls instead of 4,
+for devices that have the memory (short sequences on accelerators). bf16 rounds z to 8
+significant bits (|Δz| <= |z|·2^-9) in the gradients only; forward outputs are identical.
+
 Vocabulary sharding: with `vocab_axis` set, the function runs inside `shard_map` and `w_DxV` is
 the local shard; per-token max and sums are combined with `lax.pmax`/`lax.psum` over that axis,
 and the target is found in the shard that owns it (offset from `lax.axis_index`).
@@ -219,9 +232,9 @@ def _finish_forward(m_N, z_target_N, sums, vocab_axis, return_k, *primals):
     return (logp_N, ent_N, k_N), residuals
 
 
-def _tile_dz(z_bxVt, col0, tok, inv_temp):
+def _tile_dz(z_bxVt, col0, vec_b, inv_temp):
     """∂loss/∂z of one (token block, vocab tile) from its logits z = h W / T (§1)."""
-    _, local_b, lse_b, ent_b, g_lp_b, g_ent_b = tok
+    local_b, lse_b, ent_b, g_lp_b, g_ent_b = vec_b
     logpi_bxVt = z_bxVt - lse_b[:, None]
     pi_bxVt = jnp.exp(logpi_bxVt)
     # ∂log π(a)/∂z = onehot(a) − π ;  ∂H/∂z = −π ⊙ (log π + H)
@@ -239,48 +252,52 @@ def _stored_tile(z_NpxV, store, rows_b, col0, width):
 def _tile_grads(w_DxVt, col0, bwd, dh_NpxD, n_blocks):
     """dW of one vocab tile (returned) and its share of dh (added into `dh_NpxD` in place).
 
-    Loops over the first `n_blocks` token blocks of the active-first token order: only
+    Loops over the first `n_blocks` token blocks of the active-first order `perm_Np`: only
     [b, V_t] logits and a [D, V_t] accumulator are live, so no [D, V] product is ever formed
-    (a full-width dot per token block is what made XLA allocate a second D×V buffer).
+    (a full-width dot per token block is what made XLA allocate a second D×V buffer). The
+    block's rows of h (and of the stored logits) are gathered, and its dh rows scattered back,
+    so no reordered [N, D] copy exists either: temp memory stays independent of N.
     """
-    tok_Np, hT_DxNp, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes = bwd
+    h_NpxD, vec_Np, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes = bwd
 
     def one_block(i, carry):
         dw_DxVt, dh_NpxD = carry
         row0 = i * block_size
-        tok_b = tuple(lax.dynamic_slice_in_dim(x, row0, block_size) for x in tok_Np)
+        rows_b = lax.dynamic_slice_in_dim(perm_Np, row0, block_size)
+        vec_b = tuple(lax.dynamic_slice_in_dim(x, row0, block_size) for x in vec_Np)
+        h_bxD = jnp.take(h_NpxD, rows_b, axis=0)
         if z_NpxV is None:  # default: recompute the tile's logits (no [N, V] residual)
-            z_bxVt = _block_logits(tok_b[0], w_DxVt, inv_temp)
+            z_bxVt = _block_logits(h_bxD, w_DxVt, inv_temp)
         else:
-            rows_b = lax.dynamic_slice_in_dim(perm_Np, row0, block_size)
             z_bxVt = _stored_tile(z_NpxV, store, rows_b, col0, w_DxVt.shape[1])
-        dz_bxVt = _tile_dz(z_bxVt, col0, tok_b, inv_temp)
+        dz_bxVt = _tile_dz(z_bxVt, col0, vec_b, inv_temp)
         dh_bxD = jnp.dot(dz_bxVt.astype(w_DxVt.dtype), w_DxVt.T, preferred_element_type=jnp.float32)
-        dh_bxD = dh_bxD + lax.dynamic_slice_in_dim(dh_NpxD, row0, block_size)
-        # dW from the pre-transposed hidden: a plain [D, b] @ [b, V_t] product runs ~2× faster
-        # on CPU than contracting over the leading axis of h ([b, D]ᵀ @ [b, V_t]).
-        hT_Dxb = lax.dynamic_slice_in_dim(hT_DxNp, row0, block_size, 1)
+        dh_NpxD = dh_NpxD.at[rows_b].add(dh_bxD, unique_indices=True)
+        # dW from an explicitly transposed [D, b] block: a plain [D, b] @ [b, V_t] product runs
+        # ~2× faster on CPU than contracting over the leading axis of h ([b, D]ᵀ @ [b, V_t]);
+        # the barrier keeps XLA from folding the transpose back into the dot.
+        hT_Dxb = lax.optimization_barrier(h_bxD.T)
         dw_DxVt = dw_DxVt + jnp.dot(
             hT_Dxb, dz_bxVt.astype(hT_Dxb.dtype), preferred_element_type=jnp.float32
         )
-        return dw_DxVt, lax.dynamic_update_slice_in_dim(dh_NpxD, dh_bxD, row0, 0)
+        return dw_DxVt, dh_NpxD
 
     dw0_DxVt = _pcast_like(jnp.zeros(w_DxVt.shape, jnp.float32), carry_axes)
     return lax.fori_loop(0, n_blocks, one_block, (dw0_DxVt, dh_NpxD))
 
 
-def _active_first(tok_Np, block_size):
-    """Reorder tokens so those with a non-zero cotangent come first; count their blocks.
+def _active_first(vec_Np, block_size):
+    """The order that puts tokens with a non-zero cotangent first, and their block count.
 
     A token whose cotangents (g_logp, g_ent) are both zero (prompt, padding: loss_mask = 0)
     adds exactly zero to dh and dW, so the backward loops only over the active tokens' blocks:
     with a quarter prompt that is a quarter fewer logit tiles, dh and dW matmuls. NaN
     cotangents count as active, so non-finite losses still reach the gradients.
     """
-    active_Np = (tok_Np[4] != 0) | (tok_Np[5] != 0)
+    active_Np = (vec_Np[3] != 0) | (vec_Np[4] != 0)
     perm_Np = jnp.argsort(jnp.logical_not(active_Np).astype(jnp.int32), stable=True)
     n_blocks = (jnp.sum(active_Np.astype(jnp.int32)) + block_size - 1) // block_size
-    return tuple(x[perm_Np] for x in tok_Np), perm_Np, n_blocks
+    return perm_Np, n_blocks
 
 
 def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, res, cotangents):
@@ -291,17 +308,17 @@ def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, 
     inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
     local_N, owned_N = _target_in_shard(targets_N, w_DxV.shape[1], vocab_axis)
     local_N = jnp.where(owned_N, local_N, -1)  # −1: in no tile of this shard
-    tok_Np = tuple(
-        _pad_rows(x, block_size) for x in (hidden_NxD, local_N, lse_N, ent_N, g_logp_N, g_ent_N)
-    )
-    tok_Np, perm_Np, n_blocks = _active_first(tok_Np, block_size)
+    h_NpxD = _pad_rows(hidden_NxD, block_size)
+    vec_Np = tuple(_pad_rows(x, block_size) for x in (local_N, lse_N, ent_N, g_logp_N, g_ent_N))
+    perm_Np, n_blocks = _active_first(vec_Np, block_size)
+    vec_Np = tuple(x[perm_Np] for x in vec_Np)  # per-token scalars: cheap to reorder up front
     # Inside shard_map the loop carries vary over every axis h or w varies over (loops need
     # their carry types fixed up front); the summed-over shards are reduced afterwards.
-    carry_axes = frozenset().union(*(_vma(x) for x in (w_DxV, *tok_Np)))
+    carry_axes = frozenset().union(*(_vma(x) for x in (w_DxV, h_NpxD, *vec_Np)))
     dw_DxV = _pcast_like(jnp.zeros(w_DxV.shape, jnp.float32), carry_axes)
-    dh_NpxD = _pcast_like(jnp.zeros(tok_Np[0].shape, jnp.float32), carry_axes)
+    dh_NpxD = _pcast_like(jnp.zeros(h_NpxD.shape, jnp.float32), carry_axes)
     store = _STORE_DTYPES.get(logits_residual)
-    bwd = (tok_Np, tok_Np[0].T, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes)
+    bwd = (h_NpxD, vec_Np, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes)
 
     def tile_fn(w_DxVt, col0, carry):
         dw_DxV, dh_NpxD = carry
@@ -310,9 +327,7 @@ def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, 
 
     dw_DxV, dh_NpxD = _over_vocab_tiles(w_DxV, vocab_tile, tile_fn, (dw_DxV, dh_NpxD))
     dw_DxV = _reduce_to_vma(dw_DxV, _vma(w_DxV))
-    # Back to the original token order; each vocab shard holds a partial sum over V of dh,
-    # so the vocab axis is reduced here too.
-    dh_NpxD = jnp.zeros_like(dh_NpxD).at[perm_Np].set(dh_NpxD, unique_indices=True)
+    # Each vocab shard holds a partial sum over V of dh: the vocab axis is reduced here too.
     dh_NxD = _reduce_to_vma(dh_NpxD[:n], _vma(hidden_NxD))
     d_targets = np.zeros(targets_N.shape, dtype=jax.dtypes.float0)
     return (
