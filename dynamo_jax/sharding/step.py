@@ -176,6 +176,8 @@ def make_train_step(
     micro-batch (batch_size / micro_batches rows) must split evenly over the `act_batch` axes.
     Metrics: `finalize_metrics` of the losses (loss, pg_loss, clip fractions, β means, entropy
     mean/min/max, tokens, ...) plus `grad_norm` (before clipping) and `update_skipped`.
+    `loss_cfg.logits_residual` picks what the log-prob backward keeps (losses/logprobs.py):
+    the default recomputes logits; "store_bf16"/"store_fp32" keep V·2 / V·4 bytes per token.
     """
     if micro_batches < 1 or batch_size % micro_batches:
         raise ValueError(
