@@ -38,6 +38,9 @@ def get_config(arg: str | None = None):
     config.allocation = {
         "dynamo": dynamo_allocation,
         "grpo": uniform_allocation,
+        # E3's curriculum widens [G, G] by 2 per pass over the data; 25 problems at 16 per step
+        # make every step a pass (the iterator drops the partial batch), so it is at [4, 12]
+        # from step 3 on; a real dataset widens it over many steps.
         "e3": base.allocation("e3", n_avg=8, g_min=4, g_max=12),
         "dynamo_no_dra": uniform_allocation,
         "dynamo_no_modulation": dynamo_allocation,

@@ -163,13 +163,15 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
     _wait_for_step(proc, killed, kill_at)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert len(read_metrics(killed)) < steps, "the run finished before it was killed"
+    assert len(read_metrics(killed)) < steps, f"the run finished before the kill at {kill_at}"
 
     proc = _launch(killed, steps, every)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-3000:]
 
-    assert _deterministic(read_metrics(killed)) == _deterministic(read_metrics(reference))
+    assert _deterministic(read_metrics(killed)) == _deterministic(read_metrics(reference)), (
+        f"killed at step {kill_at}"
+    )
     cfg = _short_config(steps=steps, every=every)
     step_a, params_a, host_a = _final_state(reference, cfg)
     step_b, params_b, host_b = _final_state(killed, cfg)
