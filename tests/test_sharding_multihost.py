@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 from jax.experimental import multihost_utils
+from processes import communicate_all
 
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
@@ -182,14 +183,7 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
         _spawn(tmp_path / "multi_p1.npz", 2, 1, port, devices=2),
         _spawn(tmp_path / "single.npz", 1, 0, 0, devices=4),
     ]
-    try:
-        outputs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:  # never leave a peer behind to join the next run's coordinator
-            if p.poll() is None:
-                p.kill()
-    for i, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+    communicate_all(procs, ("process 0", "process 1", "single"), timeout=600)
     multi, single = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
     assert list(multi["rows"]) == [0, MH_BATCH // 2]  # process 0 fed only its half
     assert list(single["rows"]) == [0, MH_BATCH]

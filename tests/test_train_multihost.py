@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from processes import communicate_all
 
 from configs import tiny
 from dynamo_jax import train
@@ -80,14 +81,7 @@ def runs(tmp_path_factory):
         _launch(multi, 1, (2, 1, port)),
         _launch(single, 2, None),
     ]
-    try:
-        outputs = [p.communicate(timeout=900)[0] for p in procs]
-    finally:
-        for p in procs:  # never leave a peer behind to join the next run's coordinator
-            if p.poll() is None:
-                p.kill()
-    for name, p, out in zip(("process 0", "process 1", "single"), procs, outputs):
-        assert p.returncode == 0, f"{name} failed:\n{out[-4000:]}"
+    communicate_all(procs, ("process 0", "process 1", "single"), timeout=900)
     return multi, single
 
 
