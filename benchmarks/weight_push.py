@@ -27,7 +27,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import optax
 
 from dynamo_jax.models import hf_io, qwen
 from dynamo_jax.models.presets import get_preset
@@ -38,32 +37,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def time_step(cfg, batch: int, seq: int, repeats: int = 2) -> tuple[float, object]:
     """Best-of-`repeats` seconds of the trainer's own jitted step, and the params it left."""
-    from dynamo_jax.losses.config import LossConfig
-    from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
-    from dynamo_jax.sharding.state import init_train_state
-    from dynamo_jax.sharding.step import make_train_step
+    from step_throughput import one_device_step  # a sibling script: benchmarks/ is on sys.path
 
-    mesh_cfg = MeshConfig(shape=(1, 1, 1))
-    mesh = build_mesh(mesh_cfg, jax.devices()[:1])
-    optimizer = optax.adamw(1e-6)
-    step, _, _ = make_train_step(
-        cfg, LossConfig.preset("dynamo"), optimizer, mesh, mesh_cfg.rules, batch_size=batch
-    )
-    state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
-    rng = np.random.default_rng(0)
-    loss_mask = np.zeros((batch, seq), np.float32)
-    loss_mask[:, seq // 4 :] = 1.0  # a quarter prompt, the rest response
-    data = jax.device_put(
-        {
-            "tokens": rng.integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32),
-            "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq)).copy(),
-            "attention_mask": np.ones((batch, seq), np.int32),
-            "loss_mask": loss_mask,
-            "advantages": rng.standard_normal(batch).astype(np.float32),
-            "old_logp": np.full((batch, seq), -float(np.log(cfg.vocab_size)), np.float32),
-            "temperature": np.float32(1.0),
-        }
-    )
+    from dynamo_jax.losses.config import LossConfig
+
+    step, state, data = one_device_step(cfg, LossConfig.preset("dynamo"), batch, seq, 1e-6)
     state, metrics = step(state, data)  # compile
     jax.block_until_ready(metrics)
     times = []

@@ -503,8 +503,6 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
 
 def _any_process(flag: bool) -> bool:
     """True if `flag` is set on any process (every process must call this at the same point)."""
-    if jax.process_count() == 1:
-        return flag
     return bool(multihost.allgather_host(np.asarray(flag)).any())
 
 

@@ -378,13 +378,6 @@ class JaxEngine:
             return tree
         return jax.tree.map(lambda x: multihost.global_from_host(x, self._replicated), tree)
 
-    def _fetch(self, x: jax.Array) -> np.ndarray:
-        return multihost.host_copy(x) if self._multiprocess else np.asarray(x)
-
-    @property
-    def _harvest_fetch(self):
-        return multihost.host_copy if self._multiprocess else None
-
     def _run_batch(self, group, mode: _Mode, knobs: _Knobs, gen_len: int, sp: SamplingParams):
         """Prefill + chunked decode (+ compaction) of one batch; {(pid, j): result}."""
         cfg = self._config
@@ -412,15 +405,15 @@ class JaxEngine:
         slots = list(group) + [None] * pad  # batch position -> row (None = filler)
         results = {}
         while True:
-            done_B = self._fetch(state.done_B)
+            done_B = multihost.host_copy(state.done_B)
             if done_B.all():
                 break
             if cfg.compact:
                 state, slots = self._maybe_compact(state, slots, done_B, results)
-            step = int(self._fetch(state.step))
+            step = int(multihost.host_copy(state.step))
             until = self._shared(jnp.int32(min(step + cfg.decode_chunk, sp.max_new_tokens)))
             state = self._call("decode", _DECODE, self._params, state, knobs, until, mode=mode)
-        _harvest(state, slots, range(len(slots)), results, self._harvest_fetch)
+        _harvest(state, slots, range(len(slots)), results)
         return results
 
     def _maybe_compact(self, state: _State, slots, done_B: np.ndarray, results):
@@ -430,7 +423,7 @@ class JaxEngine:
         if new_batch >= len(slots):
             return state, slots
         finished = np.flatnonzero(done_B)
-        _harvest(state, slots, finished, results, self._harvest_fetch)
+        _harvest(state, slots, finished, results)
         # Fillers copy a finished row, so they stay finished and cost nothing but their slot.
         rows_b = np.concatenate([live, np.full(new_batch - len(live), finished[0])]).astype(
             np.int32
@@ -453,18 +446,14 @@ def _make_knobs(sp: SamplingParams) -> _Knobs:
     )
 
 
-def _harvest(state: _State, slots, positions, results, fetch=None) -> None:
-    """Copy finished rows' outputs to host numpy, keyed by (prompt_id, sample_index).
-
-    `fetch` brings one array to the host (an all-gather on multi-process meshes)."""
+def _harvest(state: _State, slots, positions, results) -> None:
+    """Copy finished rows' outputs to host numpy, keyed by (prompt_id, sample_index); on a
+    multi-process mesh each output is all-gathered, so every process gets every row."""
     positions = [p for p in positions if slots[p] is not None]
     if not positions:
         return
     outputs = (state.tokens_BxG, state.logprobs_BxG, state.length_B, state.stopped_B)
-    if fetch is None:
-        tokens, logprobs, length, stopped = jax.device_get(outputs)
-    else:
-        tokens, logprobs, length, stopped = (fetch(x) for x in outputs)
+    tokens, logprobs, length, stopped = (multihost.host_copy(x) for x in outputs)
     for p in positions:
         row, n = slots[p], int(length[p])
         results[(row.prompt_id, row.sample_index)] = (
