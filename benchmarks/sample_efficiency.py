@@ -2,15 +2,17 @@
 
     python benchmarks/sample_efficiency.py [--seeds 5] [--steps 150] [--targets 0.5,0.7,0.9]
     python benchmarks/sample_efficiency.py --methods grpo,dynamo --jobs 2
+    python benchmarks/sample_efficiency.py --task mixed --steps 300 --jobs 2 --diagnose
 
-Runs configs/tiny.py once per (method, seed) with the same prompts per step, the same mean
-rollouts per prompt (so the same rollout budget B = N · n_avg per step) and the same number of
-steps, then prints, per method and target, the median number of steps until the mean per-prompt
-accuracy (`reward/prompt_mean`, trailing 5-step average) first reaches the target, and its ratio
-to GRPO's. A run that never reaches a target counts as steps + 1 (and is reported as a miss).
-Besides the issue's three methods it runs DynaMO's two halves alone (dynamo_no_dra: uniform
-allocation + GC/UMS loss; dynamo_no_modulation: water-level allocation + plain surrogate), so a
-difference can be traced to the allocation or to the loss. Target from the issue: DynaMO <= 0.8x
+Runs configs/tiny.py (its `task`: max, or mixed copy/max/min) once per (method, seed) with the
+same prompts per step, the same mean rollouts per prompt (so the same rollout budget
+B = N · n_avg per step) and the same number of steps, then prints, per method and target, the
+median number of steps until the mean per-prompt accuracy (`reward/prompt_mean`, trailing
+5-step average) first reaches the target, and its ratio to GRPO's. A run that never reaches a
+target counts as steps + 1 (and is reported as a miss). Besides the issue's three methods it
+runs DynaMO's two halves alone (dynamo_no_dra: uniform allocation + GC/UMS loss;
+dynamo_no_modulation: water-level allocation + plain surrogate), so a difference can be traced
+to the allocation or to the loss. Target from the issue: DynaMO <= 0.8x
 GRPO steps to 0.9. `--diagnose` also prints, for every run, the problems whose final greedy
 answer is wrong (the final policy's first-token distribution per problem).
 """
@@ -73,7 +75,7 @@ def wrong_problems(workdir: Path, config) -> list[str]:
     return out
 
 
-def run_one(method: str, seed: int, steps: int, workdir: str, diagnose: bool) -> dict:
+def run_one(method: str, task: str, seed: int, steps: int, workdir: str, diagnose: bool) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from configs import tiny
     from dynamo_jax import train
@@ -81,7 +83,7 @@ def run_one(method: str, seed: int, steps: int, workdir: str, diagnose: bool) ->
     from dynamo_jax.metrics import read_metrics
 
     t0 = time.perf_counter()
-    config = tiny.get_config(f"method={method}")
+    config = tiny.get_config(f"method={method},task={task}")
     config.train.seed = seed
     config.train.steps = steps
     config.logging.progress_bar = False
@@ -100,6 +102,7 @@ def run_one(method: str, seed: int, steps: int, workdir: str, diagnose: bool) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="max", help="configs/tiny.py's task: max | mixed")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--targets", default="0.5,0.7,0.9")
@@ -116,8 +119,10 @@ def main() -> None:
     runs = [(m, s) for m in methods for s in range(args.seeds)]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
         futures = {
-            run: pool.submit(run_one, *run, args.steps, f"{tmp}/{run[0]}_{run[1]}", args.diagnose)
-            for run in runs
+            (m, s): pool.submit(
+                run_one, m, args.task, s, args.steps, f"{tmp}/{m}_{s}", args.diagnose
+            )
+            for m, s in runs
         }
         results = {}
         for (method, seed), future in futures.items():
@@ -137,8 +142,9 @@ def main() -> None:
         return float(np.median([args.steps + 1 if h is None else h for h in hits])), misses
 
     print(
-        f"\nmedian steps to the per-prompt mean reward ({args.seeds} seeds, {args.steps} steps, "
-        f"equal budget; a miss counts as {args.steps + 1}); ratio to GRPO; misses:"
+        f"\ntask {args.task}: median steps to the per-prompt mean reward ({args.seeds} seeds, "
+        f"{args.steps} steps, equal budget; a miss counts as {args.steps + 1}); ratio to GRPO; "
+        "misses:"
     )
     print(f"  {'method':21s}" + "".join(f"   to {t:<17}" for t in targets) + "  final")
     for method in methods:

@@ -2,6 +2,7 @@
 
     python launch.py --config configs/tiny.py --workdir workdirs/tiny
     python launch.py --config configs/tiny.py:method=grpo --workdir workdirs/tiny_grpo
+    python launch.py --config configs/tiny.py:method=grpo,task=mixed --workdir workdirs/tiny_mixed
 
 Everything runs in one process: the in-process JAX sampler generates, the synthetic task's exact
 checker scores, no GPU, no downloads. The mean reward rises from near chance to near 1 within the
@@ -10,26 +11,33 @@ dynamo (default: water-level allocation + GC/UMS modulation), grpo (uniform allo
 clipped surrogate), e3 (rank allocation with curriculum + entropy-holding temperature), and the
 two halves of DynaMO alone (Table 2's ablations at tiny scale): dynamo_no_dra (uniform allocation,
 GC/UMS loss) and dynamo_no_modulation (water-level allocation, plain clipped surrogate).
+`task` picks the synthetic op (data/synthetic.py): max (default: 25 problems sharing one skill)
+or mixed (55 copy/max/min problems: three skills, every answer digit equally common).
 """
 
 from configs import base
 
 METHODS = ("dynamo", "grpo", "e3", "dynamo_no_dra", "dynamo_no_modulation")
+TASKS = ("max", "mixed")
 
 
 def get_config(arg: str | None = None):
-    args = base.parse_arg(arg, method="dynamo")
-    method = args["method"]
+    args = base.parse_arg(arg, method="dynamo", task="max")
+    method, task = args["method"], args["task"]
     if method not in METHODS:
         raise ValueError(f"configs/tiny.py: method must be one of {METHODS}, got {method!r}")
+    if task not in TASKS:
+        raise ValueError(f"configs/tiny.py: task must be one of {TASKS}, got {task!r}")
     steps = 100
     config = base.mlc.ConfigDict()
-    config.name = f"tiny_{method}"  # run name (metrics and plots titles)
+    # run name (metrics and plots titles); the default task keeps the historical name
+    config.name = f"tiny_{method}" if task == "max" else f"tiny_{task}_{method}"
     # tiny-qwen3 (2 layers, d=64; models/presets.py) with the synthetic tokenizer's 32-token vocabulary
     config.model = base.model("tiny-qwen3", vocab_size=32)
     config.init = base.init()  # random initialisation, the synthetic task's own tokenizer
-    # "max(a,b)=" over digits 0..4: 25 problems whose one-digit answer a 2-layer model can learn
-    config.data = base.data_synthetic(max_prompt_tokens=16, synthetic_op="max", synthetic_modulus=5)
+    # "max(a,b)=" over digits 0..4: 25 problems whose one-digit answer a 2-layer model can learn;
+    # or "mixed": copy/max/min over 0..4, 55 problems (at most 15 prompt tokens either way)
+    config.data = base.data_synthetic(max_prompt_tokens=16, synthetic_op=task, synthetic_modulus=5)
     config.reward = base.reward(num_workers=1)  # the synthetic task is scored in-process
     config.rollout = base.rollout("jax", max_new_tokens=4)  # short answers: one digit + stop
     config.jax_engine = base.jax_engine(max_batch=128)

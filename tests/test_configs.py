@@ -1,6 +1,7 @@
 """Every config file loads and validates (with every baseline/ablation argument), typos in
 overrides fail, and every reproduction config passes the dry-run planner on simulated devices."""
 
+import dataclasses
 import importlib
 import re
 import subprocess
@@ -56,6 +57,18 @@ def test_tiny_methods_share_the_rollout_budget():
     no_dra, no_mod = runs["dynamo_no_dra"], runs["dynamo_no_modulation"]
     assert no_dra.allocation.policy == "uniform" and no_dra.loss.baseline == "dynamo"
     assert no_mod.allocation == runs["dynamo"].allocation and no_mod.loss.baseline == "grpo"
+
+
+def test_tiny_task_argument_changes_only_the_data():
+    from configs.tiny import TASKS
+
+    assert TASKS == ("max", "mixed")
+    default, mixed = _load("tiny", "method=grpo"), _load("tiny", "method=grpo,task=mixed")
+    assert (default.data.synthetic_op, mixed.data.synthetic_op) == ("max", "mixed")
+    assert _load("tiny", "method=grpo,task=max") == default
+    assert dataclasses.replace(mixed, name=default.name, data=default.data) == default
+    with pytest.raises(ValueError, match="task must be one of"):
+        _load("tiny", "task=add_mod")
 
 
 @pytest.mark.parametrize(

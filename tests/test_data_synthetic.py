@@ -2,6 +2,7 @@
 
 import itertools
 import re
+from collections import Counter
 
 import pytest
 from transformers import PreTrainedTokenizerFast
@@ -34,6 +35,11 @@ def test_vocab_size_covers_the_tokenizer(tok):
 def _expected(op, text, m):
     """Independent oracle: parse the prompt text and compute the answer."""
     nums = [int(x) for x in re.findall(r"\d+", text)]
+    if op == "mixed":  # the op word the prompt starts with picks the skill
+        op = text[: text.index("(")] if "(" in text else text.split()[0]
+        assert op in ("copy", "max", "min"), text
+        if op == "min":
+            return str(min(nums))
     if op == "copy":
         return str(nums[0])
     if op == "max":
@@ -43,7 +49,15 @@ def _expected(op, text, m):
 
 
 @pytest.mark.parametrize(
-    "op, m, size", [("copy", 7, 7), ("max", 4, 16), ("add_mod", 5, 25), ("add_mod", 10, 100)]
+    "op, m, size",
+    [
+        ("copy", 7, 7),
+        ("max", 4, 16),
+        ("add_mod", 5, 25),
+        ("add_mod", 10, 100),
+        ("mixed", 5, 55),
+        ("mixed", 3, 21),
+    ],
 )
 def test_problems_and_answers(op, m, size, tok):
     rows = make_synthetic_dataset(SyntheticConfig(op=op, modulus=m))
@@ -54,6 +68,40 @@ def test_problems_and_answers(op, m, size, tok):
         ids = tok(row.messages[0]["content"], add_special_tokens=False)["input_ids"]
         assert tok.unk_token_id not in ids
         assert tok.decode(ids) == row.messages[0]["content"]
+
+
+def test_existing_token_ids_are_unchanged_by_the_min_word(tok):
+    # "min" took the last filler's id, so every older token (and a seeded max run) is as before.
+    vocab = tok.get_vocab()
+    assert [vocab[w] for w in ("copy", "max", "mod", "0", "9", "<fa>", "<fc>")] == [
+        7,
+        8,
+        9,
+        18,
+        27,
+        28,
+        30,
+    ]
+    assert vocab["min"] == 31 and "<fd>" not in vocab
+    assert tok("min(3,1)=")["input_ids"] == [31, 14, 21, 16, 19, 15, 13]
+
+
+@pytest.mark.parametrize("m", [2, 5, 10])
+def test_mixed_answers_are_balanced_over_digits(m):
+    rows = make_synthetic_dataset(SyntheticConfig(op="mixed", modulus=m))
+    counts = Counter(r.gold for r in rows)
+    # min's answers lean low exactly as max's lean high, and copy is uniform: 2m + 1 each.
+    assert counts == {str(d): 2 * m + 1 for d in range(m)}
+    ops = Counter(re.match(r"[a-z]+", r.messages[0]["content"]).group() for r in rows)
+    assert ops == {"copy": m, "max": m * m, "min": m * m}
+
+
+def test_mixed_prompts_fit_the_tiny_config_prompt_budget(tok):
+    rows = make_synthetic_dataset(SyntheticConfig(op="mixed", modulus=5))
+    cfg = DataConfig(task="synthetic", system_prompt="", synthetic_op="mixed", max_prompt_tokens=16)
+    prompts = build_prompts(rows, tok, cfg)
+    assert (prompts.num_truncated, prompts.num_filtered) == (0, 0)
+    assert max(map(len, prompts.token_ids)) == 15
 
 
 def test_num_rows_subsets_or_repeats_with_unique_stable_ids():
@@ -134,6 +182,10 @@ def test_scorer_has_the_pool_interface():
 def test_config_bridge_and_validation():
     cfg = DataConfig(task="synthetic", synthetic_op="max", synthetic_modulus=3, seed=4)
     assert cfg.synthetic_config() == SyntheticConfig(op="max", modulus=3, num_rows=0, seed=4)
+    mixed = DataConfig(task="synthetic", synthetic_op="mixed")
+    assert mixed.synthetic_config().op == "mixed"
+    with pytest.raises(ValueError, match="DataConfig.synthetic_op"):
+        DataConfig(task="synthetic", synthetic_op="min")
     with pytest.raises(ValueError, match="SyntheticConfig.op"):
         SyntheticConfig(op="mul")
     with pytest.raises(ValueError, match="SyntheticConfig.modulus"):

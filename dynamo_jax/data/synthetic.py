@@ -6,6 +6,7 @@ token, and the policy only has to put the right digit first:
     copy    "copy 3="       → "3"    (m problems)      attend to one prompt digit
     max     "max(3,1)="     → "3"    (m² problems)     copy one of two digits, compare (default)
     add_mod "3+4 mod 5="    → "2"    (m² problems)     a lookup table over pairs (hardest)
+    mixed   copy, max and min problems together (m + 2m² problems), told apart by the op word
 
 Learnability (why these choices): the tokenizer has 32 tokens, so a random policy's first token
 is the right digit with p ≈ 1/32 and the answer check below accepts it whatever non-digit
@@ -16,6 +17,12 @@ least half the time, comparing gives the rest. Measured with configs/tiny.py (ti
 2 layers; GRPO, 16 prompts × 8 samples, lr 2e-3): mean reward 0.04 at step 1, 0.51 at step 51,
 about 0.85 from step 100. add_mod with m = 5 plateaued at 1/m ≈ 0.2 after 200 steps (lr 1e-3):
 the output range is learnt quickly, the 25-entry table is not; use it as the harder setting.
+
+`mixed` is the multi-skill setting: three skills of spread difficulty (copy is learnt first,
+max and min need the comparison in opposite directions), and its answers are balanced (each
+digit answers exactly 2m + 1 problems: max's answers lean high as much as min's lean low), so no
+single answer digit solves more than 1/m of it. On `max` alone every prompt shares one skill and
+"answer a large digit" already solves most problems (9 of 25 answer 4 at m = 5).
 
 The reward is binary with no shaping: the answer is the run of digits the response starts
 with (after optional whitespace; text after the stop token is ignored); it is correct iff it
@@ -46,8 +53,11 @@ _SYMBOLS = ("\n", " ", "+", "=", "(", ")", ",", "?")
 _DIGITS = tuple(str(d) for d in range(10))
 # Filler so the vocabulary is 32 entries (divisible by a tensor-parallel axis of 2, 4 or 8);
 # ordinary tokens, so a policy that samples one produces visible (wrong) text.
-_FILLER = ("<fa>", "<fb>", "<fc>", "<fd>")
-VOCAB: tuple[str, ...] = _SPECIALS + _WORDS + _SYMBOLS + _DIGITS + _FILLER
+_FILLER = ("<fa>", "<fb>", "<fc>")
+# Words added later take a filler's place at the end, so every older token keeps its id (and a
+# seeded run of an older op its random embedding rows, hence its trajectory).
+_LATE_WORDS = ("min",)
+VOCAB: tuple[str, ...] = _SPECIALS + _WORDS + _SYMBOLS + _DIGITS + _FILLER + _LATE_WORDS
 SYNTHETIC_VOCAB_SIZE = len(VOCAB)
 assert SYNTHETIC_VOCAB_SIZE == 32
 
@@ -59,7 +69,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-OPS = ("copy", "max", "add_mod")
+OPS = ("copy", "max", "add_mod", "mixed")
 MAX_RESPONSE_CHARS = 256
 
 
@@ -86,7 +96,7 @@ def synthetic_tokenizer() -> PreTrainedTokenizerFast:
     """The task's word-level tokenizer (32 tokens, Qwen-style chat template, eos <|im_end|>)."""
     vocab = {token: i for i, token in enumerate(VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    words = "|".join(re.escape(w) for w in _WORDS + _FILLER)
+    words = "|".join(re.escape(w) for w in _WORDS + _FILLER + _LATE_WORDS)
     # Each word, or else each single character, is one piece; unknown pieces map to <unk>.
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{words}|[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
@@ -102,11 +112,14 @@ def synthetic_tokenizer() -> PreTrainedTokenizerFast:
 
 def _problems(op: str, m: int) -> list[tuple[str, str]]:
     """Every distinct (prompt text, gold) of the task, in a fixed order."""
+    pairs = list(itertools.product(range(m), repeat=2))
     if op == "copy":
         return [(f"copy {a}=", str(a)) for a in range(m)]
-    pairs = itertools.product(range(m), repeat=2)
     if op == "max":
         return [(f"max({a},{b})=", str(max(a, b))) for a, b in pairs]
+    if op == "mixed":
+        minimum = [(f"min({a},{b})=", str(min(a, b))) for a, b in pairs]
+        return _problems("copy", m) + _problems("max", m) + minimum
     return [(f"{a}+{b} mod {m}=", str((a + b) % m)) for a, b in pairs]
 
 
