@@ -13,7 +13,7 @@ Task = Literal["math", "synthetic"]
 Format = Literal["auto", "parquet", "jsonl"]
 Overflow = Literal["truncate_left", "filter"]
 OnBadRow = Literal["error", "skip"]
-SyntheticOp = Literal["copy", "max", "add_mod"]
+SyntheticOp = Literal["copy", "max", "add_mod", "mixed"]
 
 
 def _choice(name: str, value, allowed: tuple) -> None:
@@ -54,7 +54,7 @@ class DataConfig:
         _choice("format", self.format, ("auto", "parquet", "jsonl"))
         _choice("overflow", self.overflow, ("truncate_left", "filter"))
         _choice("on_bad_row", self.on_bad_row, ("error", "skip"))
-        _choice("synthetic_op", self.synthetic_op, ("copy", "max", "add_mod"))
+        _choice("synthetic_op", self.synthetic_op, ("copy", "max", "add_mod", "mixed"))
         if self.task == "math" and not self.paths:
             raise ValueError("DataConfig.paths must name at least one file when task='math'")
         if not isinstance(self.system_prompt, str):
