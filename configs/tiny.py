@@ -66,10 +66,13 @@ def get_config(arg: str | None = None):
     # GC/UMS modulation for dynamo and dynamo_no_dra; the plain GRPO surrogate otherwise
     config.loss = base.loss("dynamo" if method in ("dynamo", "dynamo_no_dra") else "grpo")
     config.mesh = base.mesh((1, 1, 1))  # one CPU device
-    config.optim = base.optim(learning_rate=1e-3)  # a random tiny model needs a large step size
+    # A random tiny model needs a large step size. On mixed, 1e-3 made GRPO (the benchmark's
+    # reference) drop a digit for good (p = 1.00 on a wrong one) in 2 of 4 seeds; 5e-4 learnt
+    # all 55 problems in both seeds tried, so it is mixed's rate, for every method alike.
+    config.optim = base.optim(learning_rate=1e-3 if task == "max" else 5e-4)
     config.train = base.train(steps=steps, prompts_per_step=16, mini_batch_size=64)
     config.checkpoint = base.checkpoint(every_steps=20)
-    config.eval = base.evaluation(every_steps=50, n_samples=4, ks=(1, 4), max_problems=25)
+    config.eval = base.evaluation(every_steps=50, n_samples=4, ks=(1, 4), max_problems=0)
     config.logging = base.logging()
     config.dry_run = base.dry_run(num_devices=1, device_memory_gb=4.0)
     return config

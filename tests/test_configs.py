@@ -59,14 +59,16 @@ def test_tiny_methods_share_the_rollout_budget():
     assert no_mod.allocation == runs["dynamo"].allocation and no_mod.loss.baseline == "grpo"
 
 
-def test_tiny_task_argument_changes_only_the_data():
+def test_tiny_task_argument_changes_only_the_data_and_rate():
     from configs.tiny import TASKS
 
     assert TASKS == ("max", "mixed")
     default, mixed = _load("tiny", "method=grpo"), _load("tiny", "method=grpo,task=mixed")
     assert (default.data.synthetic_op, mixed.data.synthetic_op) == ("max", "mixed")
     assert _load("tiny", "method=grpo,task=max") == default
-    assert dataclasses.replace(mixed, name=default.name, data=default.data) == default
+    assert (default.optim.learning_rate, mixed.optim.learning_rate) == (1e-3, 5e-4)
+    same = dict(name=default.name, data=default.data, optim=default.optim)
+    assert dataclasses.replace(mixed, **same) == default
     with pytest.raises(ValueError, match="task must be one of"):
         _load("tiny", "task=add_mod")
 
