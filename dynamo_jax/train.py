@@ -63,6 +63,7 @@ from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.metrics import MetricsWriter, NullWriter, truncate_metrics
 from dynamo_jax.rollout.protocol import Request, SamplingParams
 from dynamo_jax.sharding import multihost
+from dynamo_jax.sharding.forward import LOGPROB_FIELDS
 from dynamo_jax.sharding.mesh import build_mesh
 from dynamo_jax.sharding.rules import replicated
 
@@ -238,7 +239,7 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
 
 def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
     """π_old (and π_ref) log-probs at the batch temperature, from the trainer's own forward."""
-    model_in = {k: batch[k] for k in ("tokens", "positions", "attention_mask", "temperature")}
+    model_in = {k: batch[k] for k in LOGPROB_FIELDS}
     with _timed(timings, "old_logprobs"):
         # Each process feeds its own rows; outputs come back whole to every process.
         model_in = multihost.global_batch_from_host(model_in, tr.logprob_shardings, budget(tr.cfg))
@@ -366,12 +367,7 @@ def _mesh_devices(shape: tuple[int, ...]) -> list:
 
 def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     """Mesh, task, model state, jitted functions, engine, allocator and scheduler."""
-    from dynamo_jax.sharding.forward import (
-        MODEL_INPUT_FIELDS,
-        activation_rules,
-        batch_shardings,
-        make_logprob_fn,
-    )
+    from dynamo_jax.sharding.forward import activation_rules, batch_shardings, make_logprob_fn
     from dynamo_jax.sharding.state import (
         init_train_state,
         train_state_from_params,
@@ -408,7 +404,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         mesh,
         activation_rules(cfg.mesh.rules, mesh, cfg.model),
         budget(cfg),
-        (*MODEL_INPUT_FIELDS, "temperature"),
+        LOGPROB_FIELDS,
     )
     ref_params = None
     if cfg.loss.kl != "none":

@@ -137,6 +137,49 @@ def test_zero_cotangent_tokens_are_skipped_exactly():
     assert np.isnan(np.asarray(nan[1])).any() and np.isnan(np.asarray(nan[0])[20]).all()
 
 
+def _scored_mask(seed):
+    """A mask with an unscored first block (block_size 8), scattered gaps and an unscored tail."""
+    keep = np.random.default_rng(seed).random(N) < 0.6
+    keep[:8] = False
+    keep[-3:] = False
+    return keep
+
+
+@pytest.mark.parametrize(
+    "residual,vocab_tile", [("recompute", 24), ("store_fp32", 16), ("store_bf16", 8192)]
+)
+def test_token_mask_scores_only_masked_tokens(residual, vocab_tile):
+    """Scored tokens: the float64 reference forward and the naive gradients of a loss over them;
+    unscored tokens: exactly 0 out, no gradient, even from a NaN cotangent (their outputs are the
+    constant 0), while a NaN on a scored token still reaches the gradients."""
+    h, w, t = make(seed=10)
+    keep = _scored_mask(11)
+    kw = dict(block_size=8, vocab_tile=vocab_tile, return_k=True, logits_residual=residual)
+    masked = lambda h, w, t, T: token_logprobs_entropy(
+        h, w, t, T, token_mask_N=jnp.asarray(keep), **kw
+    )
+    out = jax.jit(lambda h, w: masked(h, w, t, 0.8))(h, w)
+    want = ref.logprobs_entropy_k(np.asarray(h), np.asarray(w), np.asarray(t), 0.8)
+    for a, b in zip(out, want):
+        a = np.asarray(a)
+        np.testing.assert_allclose(a[keep], b[keep], rtol=1e-5, atol=1e-6)
+        assert np.all(a[~keep] == 0.0)
+    coeffs = jnp.asarray(np.random.default_rng(12).normal(size=(2, N)), jnp.float32)
+    g_m = _grad_fn(masked, t, 0.8, coeffs)(h, w)
+    g_n = _grad_fn(naive_token_logprobs_entropy, t, 0.8, coeffs * keep)(h, w)
+    for a, b in zip(g_m, g_n):
+        scale = np.abs(np.asarray(b)).max()
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale,
+                                   atol=residual_tol(residual, h, w, 0.8))  # fmt: skip
+    assert np.all(np.asarray(g_m[0])[~keep] == 0.0)
+    unscored, scored = int(np.flatnonzero(~keep)[-1]), int(np.flatnonzero(keep)[0])
+    g_nan = _grad_fn(masked, t, 0.8, coeffs.at[1, unscored].set(jnp.nan))(h, w)
+    for a, b in zip(g_nan, g_m):
+        np.testing.assert_array_equal(a, b)
+    g_nan = _grad_fn(masked, t, 0.8, coeffs.at[0, scored].set(jnp.nan))(h, w)
+    assert np.isnan(np.asarray(g_nan[1])).any() and np.isnan(np.asarray(g_nan[0])[scored]).all()
+
+
 def residual_tol(residual, h, w, temperature):
     """Tolerance on gradients / max |gradient| for a stored-logit mode.
 
@@ -234,6 +277,26 @@ def test_vocab_sharded_equals_single_device(shape, names, vocab_tile):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("residual", ["recompute", "store_fp32"])
+def test_token_mask_vocab_sharded_equals_single_device(residual):
+    """The mask is split with the tokens (N = 37 padded to 40 over 4 token shards)."""
+    h, w, t = make(seed=6)
+    keep = jnp.asarray(_scored_mask(13))
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tensor"))
+    coeffs = jnp.asarray(np.random.default_rng(7).normal(size=(2, N)), jnp.float32)
+    kw = dict(block_size=4, return_k=True, logits_residual=residual, token_mask_N=keep)
+    one = lambda h, w, t, T: token_logprobs_entropy(h, w, t, T, **kw)
+    many = lambda h, w, t, T: sharded_token_logprobs_entropy(
+        h, w, t, T, mesh=mesh, vocab_tile=12, **kw
+    )
+    for a, b in zip(jax.jit(one)(h, w, t, 0.8), jax.jit(many)(h, w, t, 0.8)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    g_1 = _grad_fn(one, t, 0.8, coeffs)(h, w)
+    g_8 = _grad_fn(many, t, 0.8, coeffs)(h, w)
+    for a, b in zip(g_1, g_8):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
 def test_stored_logits_vocab_sharded_equal_single_device():
     """Each device keeps its own [N_local, V_local] logits; tile 12 splits the shard of 32."""
     h, w, t = make(seed=6)
@@ -290,6 +353,8 @@ def test_bad_shapes_and_unshardable_vocab_raise_clear_errors():
         token_logprobs_entropy(h, w, t, 1.0, vocab_tile=0)
     with pytest.raises(ValueError, match="logits_residual must be one of"):
         token_logprobs_entropy(h, w, t, 1.0, logits_residual="store")
+    with pytest.raises(ValueError, match="token_mask_N has shape"):
+        token_logprobs_entropy(h, w, t, 1.0, token_mask_N=jnp.ones(N - 1, bool))
     mesh = Mesh(np.array(jax.devices()[:3]), ("tensor",))
     with pytest.raises(ValueError, match="not divisible by the 'tensor' axis"):
         sharded_token_logprobs_entropy(h, w[:, :62], t % 62, 1.0, mesh=mesh)

@@ -251,8 +251,13 @@ def test_logprob_fn_matches_full_softmax(setups):
     logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
     want_logp = np.take_along_axis(logpi[:, :-1], batch["tokens"][:, 1:, None], -1)[..., 0]
     want_ent = -(np.exp(logpi) * logpi).sum(-1)[:, :-1]
-    np.testing.assert_allclose(np.asarray(logp)[:, 1:], want_logp, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(ent)[:, 1:], want_ent, rtol=1e-5, atol=1e-5)
+    # Only the trained tokens are scored; prompt and padding come back as exactly 0.
+    scored = batch["loss_mask"][:, 1:] > 0
+    assert scored.any() and (~scored).any()
+    for got, want in ((logp, want_logp), (ent, want_ent)):
+        got = np.asarray(got)[:, 1:]
+        np.testing.assert_allclose(got[scored], want[scored], rtol=1e-5, atol=1e-5)
+        assert np.all(got[~scored] == 0.0)
     assert np.all(np.asarray(logp)[:, 0] == 0.0)
 
 

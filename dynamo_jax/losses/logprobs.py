@@ -22,7 +22,10 @@ i.e. prompt and padding, contribute exactly zero): they are ordered first (an ar
 flags) and the token-block loop stops after their last block, so a batch with a quarter prompt
 does a quarter fewer backward tiles. Rows of h are gathered and dh rows scattered per block, so
 no reordered [N, D] copy exists. dW multiplies an explicitly transposed [D, b] block (XLA:CPU
-runs the [b, D]ᵀ-contracting form at half speed).
+runs the [b, D]ᵀ-contracting form at half speed). With `token_mask_N` (the trainer passes the
+shifted loss_mask) the forward does the same: only the scored tokens' blocks, gathered in
+scored-first order, and the unscored outputs are 0; in RL batches that skips the prompt and the
+response padding, which no loss reads (the old-log-prob pass is forward only).
 
 Opt-in `logits_residual` ("store_bf16" / "store_fp32", LossConfig.logits_residual): the forward
 also writes each logit tile into an [N_p, V_l] residual (2 or 4 bytes per logit, as raw bits)
@@ -158,11 +161,25 @@ def _tile_forward(z_bxVt, col0, local_b, run, return_k):
     return (new_m_b, z_target_b, *merged)
 
 
+def _scored_first(mask_N, block_size):
+    """(order putting the scored tokens first, each token's place in it, their block count).
+
+    With a token mask the forward visits only the scored tokens' blocks, in this order; its
+    per-token sums (and stored logits) sit at the tokens' places in it.
+    """
+    mask_Np = _pad_rows(mask_N, block_size)
+    order_Np = jnp.argsort(jnp.logical_not(mask_Np).astype(jnp.int32), stable=True)
+    place_Np = jnp.zeros_like(order_Np).at[order_Np].set(jnp.arange(order_Np.shape[0]))
+    n_blocks = (jnp.sum(mask_Np.astype(jnp.int32)) + block_size - 1) // block_size
+    return order_Np, place_Np, n_blocks
+
+
 def _chunked_fwd(
     hidden_NxD,
     w_DxV,
     targets_N,
     temperature,
+    mask_N,
     block_size,
     vocab_tile,
     vocab_axis,
@@ -174,6 +191,11 @@ def _chunked_fwd(
     local_N, owned_N = _target_in_shard(targets_N, w_DxV.shape[1], vocab_axis)
     local_N = jnp.where(owned_N, local_N, -1)  # −1: in no tile of this shard
     h_NpxD, local_Np = _pad_rows(hidden_NxD, block_size), _pad_rows(local_N, block_size)
+    n_blocks = h_NpxD.shape[0] // block_size
+    order_Np = place_Np = None
+    if mask_N is not None:  # only the scored tokens' blocks, gathered in scored-first order
+        order_Np, place_Np, n_blocks = _scored_first(mask_N, block_size)
+        local_Np = local_Np[order_Np]
     carry_axes = frozenset().union(*(_vma(x) for x in (w_DxV, h_NpxD, local_Np)))
     n_sums = 4 if return_k else 2
     # Running max starts at the most negative finite float, not −inf: (−inf)·0 would be NaN.
@@ -190,7 +212,10 @@ def _chunked_fwd(
             run, z_NpxV = carry
             rows = (i * block_size, block_size)
             run_b = [lax.dynamic_slice_in_dim(x, *rows) for x in run]
-            h_bxD = lax.dynamic_slice_in_dim(h_NpxD, *rows)
+            if order_Np is None:
+                h_bxD = lax.dynamic_slice_in_dim(h_NpxD, *rows)
+            else:
+                h_bxD = jnp.take(h_NpxD, lax.dynamic_slice_in_dim(order_Np, *rows), axis=0)
             local_b = lax.dynamic_slice_in_dim(local_Np, *rows)
             z_bxVt = _block_logits(h_bxD, w_DxVt, inv_temp)
             new_b = _tile_forward(z_bxVt, col0, local_b, run_b, return_k)
@@ -204,13 +229,16 @@ def _chunked_fwd(
                 )
             return run, z_NpxV
 
-        return lax.fori_loop(0, h_NpxD.shape[0] // block_size, one_block, carry)
+        return lax.fori_loop(0, n_blocks, one_block, carry)
 
     run, z_NpxV = _over_vocab_tiles(w_DxV, vocab_tile, tile_fn, (run0, z0))
+    if place_Np is not None:  # back to token order
+        run = tuple(x[place_Np] for x in run)
     m_N, z_target_N, *sums = (x[:n] for x in run)
-    out, residuals = _finish_forward(
-        m_N, z_target_N, sums, vocab_axis, return_k, hidden_NxD, w_DxV, targets_N, temperature
-    )
+    primals = (hidden_NxD, w_DxV, targets_N, temperature, mask_N)
+    out, residuals = _finish_forward(m_N, z_target_N, sums, vocab_axis, return_k, *primals)
+    if mask_N is not None:  # unscored tokens: 0, and never their unfinished sums (NaN, ±inf)
+        out = tuple(jnp.where(mask_N, x, 0.0) for x in out)
     return out, (*residuals, z_NpxV)
 
 
@@ -258,7 +286,7 @@ def _tile_grads(w_DxVt, col0, bwd, dh_NpxD, n_blocks):
     block's rows of h (and of the stored logits) are gathered, and its dh rows scattered back,
     so no reordered [N, D] copy exists either: temp memory stays independent of N.
     """
-    h_NpxD, vec_Np, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes = bwd
+    h_NpxD, vec_Np, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes, place_Np = bwd
 
     def one_block(i, carry):
         dw_DxVt, dh_NpxD = carry
@@ -266,11 +294,18 @@ def _tile_grads(w_DxVt, col0, bwd, dh_NpxD, n_blocks):
         rows_b = lax.dynamic_slice_in_dim(perm_Np, row0, block_size)
         vec_b = tuple(lax.dynamic_slice_in_dim(x, row0, block_size) for x in vec_Np)
         h_bxD = jnp.take(h_NpxD, rows_b, axis=0)
+        if place_Np is not None:
+            # Unscored tokens sharing the last block have no forward sums (lse, H zeroed): zero
+            # rows give z = 0, π = 1 and, with zero cotangents, exactly zero dz.
+            h_bxD = jnp.where(vec_b[5][:, None], h_bxD, 0)
         if z_NpxV is None:  # default: recompute the tile's logits (no [N, V] residual)
             z_bxVt = _block_logits(h_bxD, w_DxVt, inv_temp)
-        else:
-            z_bxVt = _stored_tile(z_NpxV, store, rows_b, col0, w_DxVt.shape[1])
-        dz_bxVt = _tile_dz(z_bxVt, col0, vec_b, inv_temp)
+        else:  # stored at the tokens' places in the forward's scored-first order
+            z_rows_b = rows_b if place_Np is None else place_Np[rows_b]
+            z_bxVt = _stored_tile(z_NpxV, store, z_rows_b, col0, w_DxVt.shape[1])
+            if place_Np is not None:
+                z_bxVt = jnp.where(vec_b[5][:, None], z_bxVt, 0.0)
+        dz_bxVt = _tile_dz(z_bxVt, col0, vec_b[:5], inv_temp)
         dh_bxD = jnp.dot(dz_bxVt.astype(w_DxVt.dtype), w_DxVt.T, preferred_element_type=jnp.float32)
         dh_NpxD = dh_NpxD.at[rows_b].add(dh_bxD, unique_indices=True)
         # dW from an explicitly transposed [D, b] block: a plain [D, b] @ [b, V_t] product runs
@@ -302,14 +337,21 @@ def _active_first(vec_Np, block_size):
 
 def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, res, cotangents):
     """Vocab tiles outside, active token blocks inside: each dW tile is written once, in place."""
-    hidden_NxD, w_DxV, targets_N, temperature, lse_N, ent_N, z_NpxV = res
+    hidden_NxD, w_DxV, targets_N, temperature, mask_N, lse_N, ent_N, z_NpxV = res
     g_logp_N, g_ent_N, _ = cotangents  # K is stop-gradient by contract
     n = hidden_NxD.shape[0]
     inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
     local_N, owned_N = _target_in_shard(targets_N, w_DxV.shape[1], vocab_axis)
     local_N = jnp.where(owned_N, local_N, -1)  # −1: in no tile of this shard
     h_NpxD = _pad_rows(hidden_NxD, block_size)
-    vec_Np = tuple(_pad_rows(x, block_size) for x in (local_N, lse_N, ent_N, g_logp_N, g_ent_N))
+    vec_N = (local_N, lse_N, ent_N, g_logp_N, g_ent_N)
+    place_Np = None
+    if mask_N is not None:
+        # Unscored outputs are the constant 0: their cotangents (even NaN) do not reach h or W,
+        # and their lse / H were never finished; zero all of it.
+        vec_N = (local_N, *(jnp.where(mask_N, x, 0.0) for x in vec_N[1:]), mask_N)
+        place_Np = _scored_first(mask_N, block_size)[1]
+    vec_Np = tuple(_pad_rows(x, block_size) for x in vec_N)
     perm_Np, n_blocks = _active_first(vec_Np, block_size)
     vec_Np = tuple(x[perm_Np] for x in vec_Np)  # per-token scalars: cheap to reorder up front
     # Inside shard_map the loop carries vary over every axis h or w varies over (loops need
@@ -318,7 +360,7 @@ def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, 
     dw_DxV = _pcast_like(jnp.zeros(w_DxV.shape, jnp.float32), carry_axes)
     dh_NpxD = _pcast_like(jnp.zeros(h_NpxD.shape, jnp.float32), carry_axes)
     store = _STORE_DTYPES.get(logits_residual)
-    bwd = (h_NpxD, vec_Np, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes)
+    bwd = (h_NpxD, vec_Np, perm_Np, z_NpxV, store, block_size, inv_temp, carry_axes, place_Np)
 
     def tile_fn(w_DxVt, col0, carry):
         dw_DxV, dh_NpxD = carry
@@ -330,20 +372,23 @@ def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, 
     # Each vocab shard holds a partial sum over V of dh: the vocab axis is reduced here too.
     dh_NxD = _reduce_to_vma(dh_NpxD[:n], _vma(hidden_NxD))
     d_targets = np.zeros(targets_N.shape, dtype=jax.dtypes.float0)
+    d_mask = None if mask_N is None else np.zeros(mask_N.shape, dtype=jax.dtypes.float0)
     return (
         dh_NxD.astype(hidden_NxD.dtype),
         dw_DxV.astype(w_DxV.dtype),
         d_targets,
         jnp.zeros_like(temperature),
+        d_mask,
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def _chunked(
     hidden_NxD,
     w_DxV,
     targets_N,
     temperature,
+    mask_N,
     block_size,
     vocab_tile,
     vocab_axis,
@@ -352,8 +397,8 @@ def _chunked(
 ):
     # Without differentiation nothing reads the residuals: never build the stored logits.
     out, _ = _chunked_fwd(
-        hidden_NxD, w_DxV, targets_N, temperature, block_size, vocab_tile, vocab_axis, return_k,
-        "recompute",
+        hidden_NxD, w_DxV, targets_N, temperature, mask_N, block_size, vocab_tile, vocab_axis,
+        return_k, "recompute",
     )  # fmt: skip
     return out
 
@@ -372,6 +417,7 @@ def token_logprobs_entropy(
     return_k: bool = False,
     vocab_tile: int = DEFAULT_VOCAB_TILE,
     logits_residual: str = "recompute",
+    token_mask_N=None,
 ):
     """(log π(a_t), H_t, K_t or None) in float32 at temperature T, blockwise over tokens.
 
@@ -380,6 +426,9 @@ def token_logprobs_entropy(
     `w_DxV` the local vocab shard (shards in axis-index order). Targets must be in [0, V).
     `vocab_tile` bounds the live logits to [block_size, vocab_tile] (see the module docstring).
     `logits_residual` (one of LOGITS_RESIDUALS) trades memory for the backward's recompute.
+    `token_mask_N` (bool [N], optional): only these tokens are scored; the others get 0 in all
+    three outputs, no gradient, and no unembedding work forward or backward (prompt and padding
+    positions, whose log-probs no loss reads).
     """
     if hidden_NxD.ndim != 2 or w_DxV.ndim != 2 or targets_N.ndim != 1:
         raise ValueError(
@@ -400,6 +449,13 @@ def token_logprobs_entropy(
             f"token_logprobs_entropy: logits_residual must be one of {LOGITS_RESIDUALS}, "
             f"got {logits_residual!r}"
         )
+    if token_mask_N is not None:
+        if token_mask_N.shape != targets_N.shape:
+            raise ValueError(
+                f"token_logprobs_entropy: token_mask_N has shape {token_mask_N.shape}, "
+                f"targets {targets_N.shape}"
+            )
+        token_mask_N = token_mask_N.astype(bool)
     block_size = min(block_size, max(hidden_NxD.shape[0], 1))
     temperature = jnp.asarray(temperature, jnp.float32)
     logp, ent, k = _chunked(
@@ -407,6 +463,7 @@ def token_logprobs_entropy(
         w_DxV,
         targets_N.astype(jnp.int32),
         temperature,
+        token_mask_N,
         block_size,
         vocab_tile,
         vocab_axis,
@@ -446,6 +503,7 @@ def sharded_token_logprobs_entropy(
     return_k: bool = False,
     vocab_tile: int = DEFAULT_VOCAB_TILE,
     logits_residual: str = "recompute",
+    token_mask_N=None,
 ):
     """`token_logprobs_entropy` with tokens split over `token_axes` and V over `tensor_axis`.
 
@@ -464,12 +522,14 @@ def sharded_token_logprobs_entropy(
     n_shards = int(np.prod([mesh.shape[a] for a in tok])) if tok else 1
     n = hidden_NxD.shape[0]
     pad = (-n) % n_shards
+    masked = token_mask_N is not None
     if pad:
         hidden_NxD = jnp.pad(hidden_NxD, ((0, pad), (0, 0)))
         targets_N = jnp.pad(targets_N, (0, pad))
+        token_mask_N = jnp.pad(token_mask_N, (0, pad)) if masked else None
     tok_spec = tok if tok else None
 
-    def local(h, w, t, temp):
+    def local(h, w, t, temp, *mask):
         lp, ent, k = token_logprobs_entropy(
             h,
             w,
@@ -480,17 +540,17 @@ def sharded_token_logprobs_entropy(
             return_k=return_k,
             vocab_tile=vocab_tile,
             logits_residual=logits_residual,
+            token_mask_N=mask[0] if mask else None,
         )
         return lp, ent, (k if return_k else jnp.zeros_like(lp))
 
     fn = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(P(tok_spec, None), P(None, tp_axis), P(tok_spec), P()),
+        in_specs=(P(tok_spec, None), P(None, tp_axis), P(tok_spec), P()) + (P(tok_spec),) * masked,
         out_specs=(P(tok_spec), P(tok_spec), P(tok_spec)),
         check_vma=True,
     )
-    logp, ent, k = fn(
-        hidden_NxD, w_DxV, targets_N.astype(jnp.int32), jnp.asarray(temperature, jnp.float32)
-    )
+    args = (hidden_NxD, w_DxV, targets_N.astype(jnp.int32), jnp.asarray(temperature, jnp.float32))
+    logp, ent, k = fn(*args, *((token_mask_N.astype(bool),) if masked else ()))
     return logp[:n], ent[:n], (k[:n] if return_k else None)

@@ -52,6 +52,7 @@ Array = jax.Array
 # Fields present in every batch; `ref_logp` is added when the loss has a KL term.
 MODEL_INPUT_FIELDS = ("tokens", "positions", "attention_mask")
 TRAIN_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "advantages", "old_logp", "temperature")
+LOGPROB_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "temperature")  # make_logprob_fn's batch
 
 
 def activation_rules(rules: LogicalRules, mesh: Mesh, model_cfg: ModelConfig) -> LogicalRules:
@@ -103,6 +104,8 @@ def token_stats(
     Call inside a jit over `mesh`; `rules` should already be `activation_rules(...)`.
     Gradients flow through logp and entropy; K is stop-gradient. `logits_residual` is
     `LossConfig.logits_residual` (what the backward of the log-prob pass keeps; logprobs.py).
+    With `loss_mask` in `batch`, only the tokens it selects are scored: the others (prompt,
+    padding) are 0 in all three outputs and cost no vocabulary projection, forward or backward.
     """
     tokens_BxL = batch["tokens"]
     b, length = tokens_BxL.shape
@@ -119,6 +122,9 @@ def token_stats(
     w_DxV = unembedding(params, model_cfg)
     # Position t predicts token t + 1; the last position predicts nothing (target 0, dropped).
     targets_BxL = jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)))
+    scored_N = None
+    if "loss_mask" in batch:  # position t is needed iff token t + 1 is trained on
+        scored_N = jnp.pad(batch["loss_mask"][:, 1:] > 0, ((0, 0), (0, 1))).reshape(-1)
     token_axes = tuple(a for a in _as_axes_tuple(rule_axes(rules, "act_batch")) if a)
     vocab_axes = _as_axes_tuple(rule_axes(rules, "act_vocab"))
     if len(vocab_axes) > 1:
@@ -134,6 +140,7 @@ def token_stats(
         block_size=block_size,
         return_k=return_k,
         logits_residual=logits_residual,
+        token_mask_N=scored_N,
     )
     shift = lambda x: _shift_right(x.reshape(b, length))
     return shift(logp), shift(ent), (shift(k) if return_k else None)
@@ -169,8 +176,9 @@ def make_logprob_fn(
 ):
     """A jitted `fn(params, batch) -> (logp_BxL, entropy_BxL)` for old/reference log-probs.
 
-    `batch` needs `tokens`, `positions`, `attention_mask` and `temperature` (module convention);
-    the outputs are sharded like the batch rows and are zero in column 0. With
+    `batch` needs `tokens`, `positions`, `attention_mask`, `loss_mask` and `temperature` (module
+    convention); the outputs are sharded like the batch rows and are zero in column 0 and
+    wherever `loss_mask` is 0 (only the trained tokens are scored: no loss reads the others). With
     `micro_batches` > 1 the forward runs over strided micro-batches in sequence (`lax.map`), which
     bounds activation memory (attention scores grow with rows × L²) for large rollout batches.
     """
@@ -180,7 +188,7 @@ def make_logprob_fn(
         )
     act_rules = activation_rules(rules, mesh, model_cfg)
     batch_sharding(mesh, act_rules, batch_size // micro_batches, ndim=1)  # clear error if uneven
-    fields = MODEL_INPUT_FIELDS + ("temperature",)
+    fields = LOGPROB_FIELDS
     in_batch = batch_shardings(mesh, act_rules, batch_size, fields)
     out = batch_sharding(mesh, act_rules, batch_size, ndim=2)
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
@@ -195,7 +203,7 @@ def make_logprob_fn(
 
     def fn(params, batch):
         temperature = batch["temperature"]
-        rows = {f: batch[f] for f in MODEL_INPUT_FIELDS}
+        rows = {f: batch[f] for f in MODEL_INPUT_FIELDS + ("loss_mask",)}
         if micro_batches == 1:
             return forward(params, {**rows, "temperature": temperature})[:2]
         micro = split_micro(rows, micro_batches, row_sh)
