@@ -12,11 +12,19 @@ logits, `log_softmax`, gather, backward and `torch.optim.AdamW`. Prints tokens/s
 ratio JAX / PyTorch (target >= 1.5x on CPU). With --mfu: model FLOPs utilisation,
 6·N·tokens/s (+ attention) over the device's peak.
 
+Roofline (with PyTorch on): both sides' model FLOPs per second (the MFU numerator) against this
+machine's GEMM rate, measured in the same run on the shape's widest layer matmul in both
+libraries (they run a tuned GEMM at about the same speed). A step that must do the model's
+FLOPs cannot beat that rate, so `ceiling` = GEMM rate / PyTorch's model FLOP rate is the
+largest ratio any implementation could reach at that shape on this machine; JAX can pass 100%
+only by skipping work (the prompt tokens' unembedding backward, below).
+
 One JAX line per `LossConfig.logits_residual` mode, the default ("recompute": no [N, V] residual,
 the backward recomputes each logit tile) first, then the opt-in modes that keep the forward's
-logits (V·2 / V·4 bytes per token). In every mode the JAX backward skips the unembedding work of
-tokens with loss_mask 0 (their gradient is exactly zero); the batch here has a quarter prompt,
-and PyTorch's dense log_softmax backward does not skip it. The last row (--full_depth_batch)
+logits (V·2 / V·4 bytes per token). In every mode the JAX step skips the unembedding work of
+tokens with loss_mask 0, forward and backward (no loss reads their log-probs, and their gradient
+is exactly zero); the batch here has a quarter prompt, and PyTorch's dense logits and
+log_softmax do not skip it. The last row (--full_depth_batch)
 is the Qwen2.5-0.5B shape at its real 24 layers with a smaller batch (first mode only), where
 the vocabulary projection is a smaller share of the step.
 """
@@ -118,6 +126,37 @@ def torch_tokens_per_s(cfg, batch: int, seq: int, iters: int) -> float:
     return batch * seq * iters / (time.perf_counter() - t0)
 
 
+def gemm_gflops(m: int, k: int, n: int, iters: int = 5) -> tuple[float, float]:
+    """Best-of-`iters` fp32 GFLOP/s of one [m, k] @ [k, n] matmul in JAX and in PyTorch.
+
+    The machine's practical ceiling for a step made of matmuls: both libraries call a tuned
+    GEMM here, so a whole train step can at best run its FLOPs at this rate.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), np.float32)
+    b = rng.standard_normal((k, n), np.float32)
+    flops = 2.0 * m * k * n
+
+    def best(fn) -> float:
+        fn()  # warm-up / compile
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return flops / min(times) / 1e9
+
+    mm = jax.jit(jnp.dot)
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    return best(lambda: mm(ja, jb).block_until_ready()), best(lambda: ta @ tb)
+
+
 def train_flops_per_token(cfg, seq: int) -> float:
     """6·N (matmul parameters, embeddings excluded unless tied to the head) + attention 12·L·d·s."""
     n = cfg.num_params - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_word_embeddings else 1)
@@ -135,14 +174,34 @@ def run_shape(preset: str, layers: int | None, batch: int, residuals: list[str],
         tps = jax_tokens_per_s(cfg, batch, args.seq, args.iters, args.dtype, residual)
         results.append((residual, tps))
     torch_tps = torch_tokens_per_s(cfg, batch, args.seq, args.iters) if args.torch else None
+    flops_per_token = train_flops_per_token(cfg, args.seq)
+    gemm = None
+    if torch_tps:  # the machine's matmul ceiling at this shape's widest layer matmul
+        gemm_shape = (batch * args.seq, cfg.hidden_size, cfg.intermediate_size)
+        gemm = gemm_gflops(*gemm_shape)
     for residual, tps in results:
         line = head + f"JAX step [logits_residual={residual}] {tps:,.0f} tokens/s"
         if torch_tps:
             line += f", PyTorch fwd+bwd {torch_tps:,.0f} tokens/s, ratio {tps / torch_tps:.2f}x"
         print(line, flush=True)
+        if gemm:
+            rate = flops_per_token * tps / 1e9
+            print(
+                f"  JAX model FLOPs at {rate:,.0f} GFLOP/s = {rate / max(gemm):.0%} of the GEMM rate"
+            )
         if args.mfu:
-            flops = train_flops_per_token(cfg, args.seq) * tps
+            flops = flops_per_token * tps
             print(f"  MFU {flops / (args.peak_tflops * 1e12):.1%} of {args.peak_tflops:g} TFLOP/s")
+    if gemm:
+        torch_rate = flops_per_token * torch_tps / 1e9
+        m, k, n = gemm_shape
+        print(
+            f"  PyTorch model FLOPs at {torch_rate:,.0f} GFLOP/s = {torch_rate / max(gemm):.0%} of "
+            f"the GEMM rate; GEMM [{m}, {k}] @ [{k}, {n}]: JAX {gemm[0]:,.0f}, PyTorch "
+            f"{gemm[1]:,.0f} GFLOP/s; ceiling (the model's FLOPs at the GEMM rate) "
+            f"{max(gemm) / torch_rate:.2f}x PyTorch",
+            flush=True,
+        )
 
 
 def main() -> None:
