@@ -174,15 +174,9 @@ def build_engine(cfg: Any, params: Any, mesh: Any, param_shardings: Any, workdir
             rules=cfg.mesh.rules,
             param_shardings=param_shardings,
         )
+    from dynamo_jax.rollout.process_split import ProcessSplitEngine
     from dynamo_jax.rollout.sidecar_client import SidecarConfig, VLLMSidecarEngine
 
-    if jax.process_count() > 1:
-        # Each process would start its own sidecar and sample the whole batch on its own: the
-        # processes' batches would differ. The split is described in docs/scaling.md.
-        raise ValueError(
-            "rollout.engine='vllm' is single-process only; a multi-process run needs "
-            "rollout.engine='jax' (docs/scaling.md, Multi-host runs)"
-        )
     if not cfg.init.checkpoint:
         raise ValueError("rollout.engine='vllm' needs init.checkpoint (vLLM starts from HF files)")
     sidecar = SidecarConfig(
@@ -196,7 +190,12 @@ def build_engine(cfg: Any, params: Any, mesh: Any, param_shardings: Any, workdir
         max_num_seqs=cfg.rollout.vllm_max_num_seqs,
     )
     # Weight version 0 is init.checkpoint itself, which is what `params` were loaded from.
-    return VLLMSidecarEngine(sidecar, cfg.model, workdir=workdir)
+    if jax.process_count() == 1:
+        return VLLMSidecarEngine(sidecar, cfg.model, workdir=workdir)
+    # Several processes: each starts a sidecar on its own host (the checkpoint must be at
+    # init.checkpoint on every host) and samples its slice of each batch; logs apart.
+    log_dir = f"{workdir}/sidecar_process{jax.process_index()}"
+    return ProcessSplitEngine(VLLMSidecarEngine(sidecar, cfg.model, workdir=log_dir))
 
 
 def evaluate(tr: Any, step: int) -> dict[str, float]:

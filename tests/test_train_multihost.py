@@ -159,17 +159,29 @@ def test_checkpoint_written_once_and_restores_the_same_state(runs):
     assert int(got.state["train"].step) == STEPS * train.updates_per_step(_config())
 
 
-def test_vllm_engine_refuses_several_processes(monkeypatch, tmp_path):
-    """Each process would start its own sidecar and sample its own batch: refused up front."""
+def test_vllm_engine_on_several_processes_is_split(monkeypatch, tmp_path):
+    """Each process gets its own sidecar (its log apart) wrapped in a ProcessSplitEngine; the
+    split itself is tested with real sidecars in test_rollout_process_split.py."""
     from dynamo_jax import tasks
+    from dynamo_jax.rollout import sidecar_client
+    from dynamo_jax.rollout.process_split import ProcessSplitEngine
 
+    (tmp_path / "config.json").write_text("{}")  # what SidecarConfig checks for
     config = tiny.get_config()
     config.rollout.engine = "vllm"
+    config.rollout.sidecar_python = sys.executable
     config.init.checkpoint = str(tmp_path)
     cfg = from_config_dict(config)
+    started = []
+    monkeypatch.setattr(
+        sidecar_client, "VLLMSidecarEngine", lambda c, m, workdir: started.append(workdir) or c
+    )
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with pytest.raises(ValueError, match="single-process only.*rollout.engine='jax'"):
-        tasks.build_engine(cfg, None, None, None, tmp_path)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    engine = tasks.build_engine(cfg, None, None, None, tmp_path)
+    assert isinstance(engine, ProcessSplitEngine)
+    assert engine.local.model_path == str(tmp_path)
+    assert started == [f"{tmp_path}/sidecar_process1"]
 
 
 def test_scoring_is_split_over_processes_and_gathered(monkeypatch):

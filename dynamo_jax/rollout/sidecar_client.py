@@ -338,9 +338,8 @@ class VLLMSidecarEngine:
     def update_weights(self, params: Any, version: int) -> None:
         """Export `params` (HF names, `config.dtype`) to shared memory and load them as `version`.
 
-        Multi-host: only process 0 runs a sidecar; the other processes must call
-        `weight_push.export_push_dir` with the same arguments at the same time (the gather is a
-        collective).
+        Multi-host: every process runs its own sidecar and must call this at the same time (the
+        gather of sharded parameters is a collective); see rollout/process_split.py.
         """
         if self.model_cfg is None:
             raise ValueError(

@@ -14,8 +14,8 @@ a restarted sidecar can be given the current weights even after the trainer has 
 device buffers they came from.
 
 Multi-host: gathering a sharded parameter is a collective, so EVERY process must call
-`export_push_dir` with the same arguments; only process 0 writes (the sidecar runs on the
-host of process 0) and the others get None back.
+`export_push_dir` with the same arguments; each process writes its own directory on its own
+host, for its own sidecar (rollout/process_split.py).
 """
 
 from __future__ import annotations
@@ -49,24 +49,17 @@ class PushTimings:
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}  # safetensors codes
 
 
-def export_push_dir(
-    params: Any, model_cfg: Any, root: str, version: int, dtype: str
-) -> Path | None:
-    """Write `params` as HF safetensors in a new directory under `root` (process 0 only).
+def export_push_dir(params: Any, model_cfg: Any, root: str, version: int, dtype: str) -> Path:
+    """Write `params` as HF safetensors in a new directory under `root` (on every process).
 
     `hf_io.write_hf_safetensors` (the one name mapping) converts on device, one jitted call per
     parameter or chunk of layers (cast first, so a bfloat16 push moves half the bytes), and
     copies each chunk's contiguous host bytes straight into the file.
     """
-    import jax
-
     from dynamo_jax.models import hf_io
 
     if dtype not in _ST_DTYPES:
         raise ValueError(f"weight push dtype must be one of {sorted(_ST_DTYPES)}, got {dtype!r}")
-    if jax.process_index() != 0:
-        hf_io.write_hf_safetensors(None, params, model_cfg, dtype)  # joins the gathers
-        return None
     directory = Path(tempfile.mkdtemp(prefix=f"dynamo-push-v{version}-", dir=root))
     try:
         hf_io.write_hf_safetensors(directory / WEIGHTS_FILE, params, model_cfg, dtype)
