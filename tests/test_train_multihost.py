@@ -45,7 +45,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(workdir: Path, devices: int, process: tuple[int, int, int] | None):
+def _launch(workdir: Path, devices: int, process: tuple[int, int, int] | None, *extra: str):
     """`launch.py` in a child with `devices` CPU devices; `process` = (count, id, port)."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_P"))
@@ -61,7 +61,7 @@ def _launch(workdir: Path, devices: int, process: tuple[int, int, int] | None):
         )
     cmd = [sys.executable, "launch.py", "--config", "configs/tiny.py", "--workdir", str(workdir)]
     return subprocess.Popen(
-        [*cmd, *OVERRIDES],
+        [*cmd, *OVERRIDES, *extra],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -157,6 +157,44 @@ def test_checkpoint_written_once_and_restores_the_same_state(runs):
         )
     # Trained state was compared, not an untouched tree: every update was applied.
     assert int(got.state["train"].step) == STEPS * train.updates_per_step(_config())
+
+
+VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not Path(VLLM_PYTHON).is_file(),
+    reason=f"no vLLM venv at {VLLM_PYTHON}: run `bash scripts/make_vllm_venv.sh .venv-vllm`",
+)
+def test_vllm_sidecars_on_two_processes_train_like_one(tmp_path):
+    """The vLLM engine as two processes, each with its own sidecar sampling half of every batch
+    (ProcessSplitEngine), against one process with one sidecar: the same per-step metrics,
+    evaluation included, from the same random initial checkpoint."""
+    from hf_fixtures import random_flax_params
+
+    from dynamo_jax.models import hf_io
+
+    cfg = _config()
+    init = hf_io.save_hf_checkpoint(
+        random_flax_params(cfg.model, seed=1), cfg.model, tmp_path / "hf"
+    )
+    extra = (
+        "--config.rollout.engine=vllm",
+        f"--config.rollout.sidecar_python={VLLM_PYTHON}",
+        f"--config.init.checkpoint={init}",
+    )
+    multi, single, port = tmp_path / "multi", tmp_path / "single", _free_port()
+    procs = [_launch(multi, 1, (2, pid, port), *extra) for pid in range(2)]
+    procs.append(_launch(single, 2, None, *extra))
+    communicate_all(procs, ("process 0", "process 1", "single"), timeout=900)
+    got, want = read_metrics(multi), read_metrics(single)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert _deterministic(got) == _deterministic(want)
+    assert "eval/pass@1" in got[-1]
+    # Both sidecars ran (each logs apart), and the single run's one sidecar.
+    for d in (multi / "sidecar_process0", multi / "sidecar_process1", single):
+        assert (d / "vllm_sidecar.log").is_file(), d
 
 
 def test_vllm_engine_on_several_processes_is_split(monkeypatch, tmp_path):

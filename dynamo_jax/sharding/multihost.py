@@ -130,7 +130,7 @@ def initialize_distributed(
 
 
 def is_primary() -> bool:
-    """True on process 0: the one process that logs, prints and runs the rollout sidecar."""
+    """True on process 0: the one process that logs, prints and writes metrics and plots."""
     return jax.process_index() == 0
 
 
