@@ -18,11 +18,13 @@ least half the time, comparing gives the rest. Measured with configs/tiny.py (ti
 about 0.85 from step 100. add_mod with m = 5 plateaued at 1/m ≈ 0.2 after 200 steps (lr 1e-3):
 the output range is learnt quickly, the 25-entry table is not; use it as the harder setting.
 
-`mixed` is the multi-skill setting: three skills of spread difficulty (copy is learnt first,
-max and min need the comparison in opposite directions), and its answers are balanced (each
-digit answers exactly 2m + 1 problems: max's answers lean high as much as min's lean low), so no
+`mixed` is the multi-skill setting: three skills of spread difficulty (copy reads one prompt
+digit, max and min compare in opposite directions), and its answers are balanced (each digit
+answers exactly 2m + 1 problems: max's answers lean high as much as min's lean low), so no
 single answer digit solves more than 1/m of it. On `max` alone every prompt shares one skill and
-"answer a large digit" already solves most problems (9 of 25 answer 4 at m = 5).
+"answer a large digit" pays (3 or 4 answers 16 of its 25 problems at m = 5). Measured with
+configs/tiny.py:task=mixed (GRPO, lr 5e-4, 5 seeds): per-prompt mean reward 0.9 after 132-157
+steps, final greedy answers wrong on 0-3 of the 55 problems after 300 steps.
 
 The reward is binary with no shaping: the answer is the run of digits the response starts
 with (after optional whitespace; text after the stop token is ignored); it is correct iff it
