@@ -91,23 +91,32 @@ def attend(
 ) -> Array:
     """Grouped-query attention; query at slot q sees real keys at slots s <= q.
 
-    Scores and softmax run in float32; the value product in the compute dtype.
+    Scores and softmax run in float32; the value product in the compute dtype. The products
+    run as batched matmuls over (batch, kv head) with operands already in [rows, contraction]
+    layout, and a kv head's G query heads stacked into one [G·L, E] operand: on XLA:CPU the
+    same einsums in the [B, L, H, E] layout measured 1.6x (forward) and 1.8x (forward and
+    backward) slower at 8 x 256 tokens, 4 heads of 64 (the dots ran on transposed copies).
     """
     b, length, h, e = q_BxLxHxE.shape
-    kv_heads = k_BxSxKxE.shape[2]
-    q_BxLxKxGxE = q_BxLxHxE.reshape(b, length, kv_heads, h // kv_heads, e)
-    scores = jnp.einsum(
-        "blkge,bske->bkgls", q_BxLxKxGxE, k_BxSxKxE, preferred_element_type=jnp.float32
+    kv_heads, s = k_BxSxKxE.shape[2], k_BxSxKxE.shape[1]
+    g = h // kv_heads
+    q_BxKxGLxE = (
+        q_BxLxHxE.reshape(b, length, kv_heads, g, e)
+        .transpose(0, 2, 3, 1, 4)
+        .reshape(b, kv_heads, g * length, e)
     )
-    scores = scores * (e**-0.5)
-    s_idx = jnp.arange(k_BxSxKxE.shape[1])
+    k_BxKxExS = k_BxSxKxE.transpose(0, 2, 3, 1)
+    v_BxKxSxE = v_BxSxKxE.transpose(0, 2, 1, 3)
+    scores = jnp.matmul(q_BxKxGLxE, k_BxKxExS, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, kv_heads, g, length, s) * (e**-0.5)
+    s_idx = jnp.arange(s)
     allowed_BxLxS = (s_idx[None, None, :] <= q_slot_L[None, :, None]) & (
         kv_valid_BxS[:, None, :] > 0
     )
     scores = jnp.where(allowed_BxLxS[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxE.dtype)
-    out = jnp.einsum("bkgls,bske->blkge", probs, v_BxSxKxE)
-    return out.reshape(b, length, h, e)
+    out = jnp.matmul(probs.reshape(b, kv_heads, g * length, s), v_BxKxSxE)
+    return out.reshape(b, kv_heads, g, length, e).transpose(0, 3, 1, 2, 4).reshape(b, length, h, e)
 
 
 class Attention(nn.Module):
