@@ -47,6 +47,19 @@ def test_random_groups_match_reference(rows):
     assert np.all(np.asarray(got)[len(ids) :] == 0.0)
 
 
+@pytest.mark.parametrize("value", [0.7875689217203012, 0.1, 1e3 / 3])
+def test_equal_continuous_rewards_give_exactly_zero(value):
+    """A float32 group mean of equal non-binary rewards is not the reward itself (rounding);
+    divided by std + ε that rounding once made an advantage of 0.056. It must be exactly 0, and
+    a group one float32 ulp apart must match the float64 reference."""
+    ids = np.array([0, 0, 0, 1, 1, 1, 1])
+    rewards = np.full(7, value, np.float32)
+    rewards[5] = np.nextafter(rewards[5], np.float32(2 * value))
+    got = np.asarray(_jit_adv(rewards, ids, num_groups=2))
+    assert np.all(got[:3] == 0.0)
+    np.testing.assert_allclose(got, ref.grpo_advantages(rewards, ids), rtol=1e-4, atol=1e-5)
+
+
 def test_w_reinforce_weights_and_dispatch():
     cfg = LossConfig.preset("w_reinforce")
     adv = sequence_advantages(cfg, jnp.array([1.0, 0.0, 1.0]), jnp.array([0, 0, 1]))

@@ -49,8 +49,14 @@ def grpo_advantages(
     nseg = num_groups + 1
     r_S = jnp.where(valid_S, rewards_S, 0.0)
     count_G = ops.segment_sum(valid_S.astype(jnp.float32), seg_S, nseg)
-    mean_G = ops.segment_sum(r_S, seg_S, nseg) / jnp.maximum(count_G, 1.0)
-    centred_S = jnp.where(valid_S, r_S - mean_G[seg_S], 0.0)
+    # Centre on each group's max first: R − max is exact in float32 (Sterbenz) for rewards within
+    # a factor of 2, so the mean's rounding error scales with the group's spread, not with |R|.
+    # A group of equal rewards then gets exactly 0 (a float32 mean of three 0.78756892s is not
+    # 0.78756892, and dividing that rounding by std + ε made an advantage of 0.056 from nothing).
+    max_G = ops.segment_max(jnp.where(valid_S, r_S, -jnp.inf), seg_S, nseg)
+    d_S = jnp.where(valid_S, r_S - max_G[seg_S], 0.0)
+    mean_d_G = ops.segment_sum(d_S, seg_S, nseg) / jnp.maximum(count_G, 1.0)
+    centred_S = jnp.where(valid_S, d_S - mean_d_G[seg_S], 0.0)
     if norm_adv_by_std:
         var_G = ops.segment_sum(centred_S**2, seg_S, nseg) / jnp.maximum(count_G - 1.0, 1.0)
         adv_S = centred_S / (jnp.sqrt(var_G)[seg_S] + eps)
