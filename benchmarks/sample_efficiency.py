@@ -3,6 +3,7 @@
     python benchmarks/sample_efficiency.py [--seeds 5] [--steps 150] [--targets 0.5,0.7,0.9]
     python benchmarks/sample_efficiency.py --methods grpo,dynamo --jobs 2
     python benchmarks/sample_efficiency.py --task mixed --steps 300 --jobs 2 --diagnose
+    python benchmarks/sample_efficiency.py --task mixed --warm_start 100 --steps 150 --jobs 2
 
 Runs configs/tiny.py (its `task`: max, or mixed copy/max/min) once per (method, seed) with the
 same prompts per step, the same mean rollouts per prompt (so the same rollout budget
@@ -14,7 +15,10 @@ runs DynaMO's two halves alone (dynamo_no_dra: uniform allocation + GC/UMS loss;
 dynamo_no_modulation: water-level allocation + plain surrogate), so a difference can be traced
 to the allocation or to the loss. Target from the issue: DynaMO <= 0.8x
 GRPO steps to 0.9. `--diagnose` also prints, for every run, the problems whose final greedy
-answer is wrong (the final policy's first-token distribution per problem).
+answer is wrong (the final policy's first-token distribution per problem). `--warm_start K`
+starts every run from the policy GRPO reaches in K steps (one shared run, exported as an HF
+directory): the regime of the papers, which fine-tune pretrained models that already solve
+part of each prompt, where a random start has p ≈ 1/32 on every prompt.
 """
 
 from __future__ import annotations
@@ -75,7 +79,10 @@ def wrong_problems(workdir: Path, config) -> list[str]:
     return out
 
 
-def run_one(method: str, task: str, seed: int, steps: int, workdir: str, diagnose: bool) -> dict:
+def run_one(
+    method: str, task: str, seed: int, steps: int, workdir: str, diagnose: bool, init: str = ""
+) -> dict:
+    """One tiny run; `init`: an HF directory to start from instead of a random initialisation."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from configs import tiny
     from dynamo_jax import train
@@ -84,6 +91,7 @@ def run_one(method: str, task: str, seed: int, steps: int, workdir: str, diagnos
 
     t0 = time.perf_counter()
     config = tiny.get_config(f"method={method},task={task}")
+    config.init.checkpoint = init
     config.train.seed = seed
     config.train.steps = steps
     config.logging.progress_bar = False
@@ -100,6 +108,18 @@ def run_one(method: str, task: str, seed: int, steps: int, workdir: str, diagnos
     return {"rewards": rewards, "wrong": wrong, "seconds": time.perf_counter() - t0}
 
 
+def warm_start(task: str, steps: int, tmp: str) -> str:
+    """An HF directory of the policy GRPO reaches in `steps` steps (seed 1000, kept apart from
+    the compared runs' seeds 0..): the shared start of every run with --warm_start."""
+    from dynamo_jax.export import export
+
+    res = run_one("grpo", task, 1000, steps, f"{tmp}/warm", False)
+    print(
+        f"warm start: GRPO for {steps} steps, last 10-step reward {sum(res['rewards'][-10:]) / 10:.3f}"
+    )
+    return str(export(f"{tmp}/warm", f"{tmp}/warm_hf", dtype="float32"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="max", help="configs/tiny.py's task: max | mixed")
@@ -109,6 +129,12 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--diagnose", action="store_true")
+    parser.add_argument(
+        "--warm_start",
+        type=int,
+        default=0,
+        help="start every run from the policy GRPO reaches in this many steps (0 = random init)",
+    )
     args = parser.parse_args()
     import numpy as np
 
@@ -118,9 +144,12 @@ def main() -> None:
         parser.error("--methods must include grpo (the ratios are to GRPO)")
     runs = [(m, s) for m in methods for s in range(args.seeds)]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
+        init = ""
+        if args.warm_start:  # in a pool process too: JAX stays out of this parent process
+            init = pool.submit(warm_start, args.task, args.warm_start, tmp).result()
         futures = {
             (m, s): pool.submit(
-                run_one, m, args.task, s, args.steps, f"{tmp}/{m}_{s}", args.diagnose
+                run_one, m, args.task, s, args.steps, f"{tmp}/{m}_{s}", args.diagnose, init
             )
             for m, s in runs
         }
@@ -142,7 +171,9 @@ def main() -> None:
         return float(np.median([args.steps + 1 if h is None else h for h in hits])), misses
 
     print(
-        f"\ntask {args.task}: median steps to the per-prompt mean reward ({args.seeds} seeds, "
+        f"\ntask {args.task}"
+        + (f", from GRPO's step-{args.warm_start} policy" if args.warm_start else "")
+        + f": median steps to the per-prompt mean reward ({args.seeds} seeds, "
         f"{args.steps} steps, equal budget; a miss counts as {args.steps + 1}); ratio to GRPO; "
         "misses:"
     )
