@@ -161,16 +161,21 @@ def _tile_forward(z_bxVt, col0, local_b, run, return_k):
     return (new_m_b, z_target_b, *merged)
 
 
+def _flagged_first(flags_Np, block_size):
+    """(stable order putting the flagged tokens first, the number of blocks they fill)."""
+    order_Np = jnp.argsort(jnp.logical_not(flags_Np).astype(jnp.int32), stable=True)
+    n_blocks = (jnp.sum(flags_Np.astype(jnp.int32)) + block_size - 1) // block_size
+    return order_Np, n_blocks
+
+
 def _scored_first(mask_N, block_size):
     """(order putting the scored tokens first, each token's place in it, their block count).
 
     With a token mask the forward visits only the scored tokens' blocks, in this order; its
     per-token sums (and stored logits) sit at the tokens' places in it.
     """
-    mask_Np = _pad_rows(mask_N, block_size)
-    order_Np = jnp.argsort(jnp.logical_not(mask_Np).astype(jnp.int32), stable=True)
+    order_Np, n_blocks = _flagged_first(_pad_rows(mask_N, block_size), block_size)
     place_Np = jnp.zeros_like(order_Np).at[order_Np].set(jnp.arange(order_Np.shape[0]))
-    n_blocks = (jnp.sum(mask_Np.astype(jnp.int32)) + block_size - 1) // block_size
     return order_Np, place_Np, n_blocks
 
 
@@ -329,10 +334,7 @@ def _active_first(vec_Np, block_size):
     with a quarter prompt that is a quarter fewer logit tiles, dh and dW matmuls. NaN
     cotangents count as active, so non-finite losses still reach the gradients.
     """
-    active_Np = (vec_Np[3] != 0) | (vec_Np[4] != 0)
-    perm_Np = jnp.argsort(jnp.logical_not(active_Np).astype(jnp.int32), stable=True)
-    n_blocks = (jnp.sum(active_Np.astype(jnp.int32)) + block_size - 1) // block_size
-    return perm_Np, n_blocks
+    return _flagged_first((vec_Np[3] != 0) | (vec_Np[4] != 0), block_size)
 
 
 def _chunked_bwd(block_size, vocab_tile, vocab_axis, return_k, logits_residual, res, cotangents):
