@@ -2,8 +2,8 @@
 
 A config file (configs/*.py) returns a ConfigDict with one section per subsystem. `from_config_dict`
 builds each section's dataclass from the subsystem's own package (`ModelConfig`, `LossConfig`,
-`AllocationConfig`, ...) plus the trainer's own (`TrainConfig`, `OptimConfig`, `RolloutConfig`,
-`InitConfig`, `EvalConfig`, and `CheckpointConfig` / `LoggingConfig`), then runs the cross-section
+`AllocationConfig`, `RolloutConfig`, ...) plus the trainer's own (`TrainConfig`, `OptimConfig`,
+`InitConfig`, `EvalConfig`, `DryRunConfig`), then runs the cross-section
 checks no single dataclass can make. Every error names the section and field. The result,
 `RunConfig`, is passed down as explicit arguments; nothing below reads the ConfigDict.
 """
@@ -11,14 +11,20 @@ checks no single dataclass can make. Every error names the section and field. Th
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import typing
 from collections.abc import Mapping
 from typing import Any
 
+from dynamo_jax.allocation.config import AllocationConfig, TemperatureConfig
 from dynamo_jax.checkpoint import CheckpointConfig
+from dynamo_jax.data.config import DataConfig
+from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.metrics import LoggingConfig
+from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.rewards.config import RewardConfig
+from dynamo_jax.rollout.config import JaxEngineConfig, RolloutConfig
+from dynamo_jax.sharding.mesh import MeshConfig
 
-ENGINES = ("jax", "vllm")
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -39,7 +45,6 @@ class TrainConfig:
     mini_batch_size: int = 64  # responses per optimizer update; must divide B
     micro_batches: int = 1  # gradient accumulation inside one update (divides mini_batch_size)
     ppo_epochs: int = 1  # passes over the batch's mini-batches
-    norm_adv_by_std: bool = True  # GRPO (R - mean) / std; False = Dr.GRPO's R - mean
     max_consecutive_nonfinite: int = 3  # stop after this many skipped (NaN/Inf) updates in a row
     shuffle_mini_batches: bool = True  # permute responses (keyed by seed, step) before splitting
 
@@ -75,28 +80,6 @@ class OptimConfig:
         for name in ("b1", "b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Which engine generates, and how (temperature comes from the temperature section)."""
-
-    engine: str = "jax"  # "jax" (in-process sampler) or "vllm" (sidecar process)
-    max_new_tokens: int = 64  # response length limit
-    top_p: float = 1.0  # nucleus sampling (1.0 = off)
-    top_k: int = -1  # top-k sampling (-1 = off)
-    sidecar_python: str = ".venv-vllm/bin/python"  # vllm: the vLLM venv's interpreter
-    vllm_dtype: str = "bfloat16"  # vllm: weights/compute dtype (auto|float32|bfloat16|float16)
-    gpu_memory_utilization: float = 0.4  # vllm: share of accelerator memory vLLM may take
-    vllm_enforce_eager: bool = False  # vllm: skip CUDA graphs (faster start, slower decode)
-    vllm_max_num_seqs: int = 256  # vllm: concurrent sequences
-
-    def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise ValueError(f"rollout.engine must be one of {ENGINES}, got {self.engine!r}")
-        _positive("rollout", self, "max_new_tokens", "top_p", "gpu_memory_utilization")
-        if self.top_p > 1.0:
-            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,43 +120,25 @@ class DryRunConfig:
         _positive("dry_run", self, "num_devices", "device_memory_gb")
 
 
-# section name → (module, class); subsystem classes are imported by name so this table is the
-# single map from config files to the code.
-SECTIONS: dict[str, tuple[str, str]] = {
-    "model": ("dynamo_jax.models.config", "ModelConfig"),
-    "init": (__name__, "InitConfig"),
-    "data": ("dynamo_jax.data.config", "DataConfig"),
-    "reward": ("dynamo_jax.rewards.config", "RewardConfig"),
-    "rollout": (__name__, "RolloutConfig"),
-    "jax_engine": ("dynamo_jax.rollout.jax_engine", "JaxEngineConfig"),
-    "allocation": ("dynamo_jax.allocation.config", "AllocationConfig"),
-    "temperature": ("dynamo_jax.allocation.config", "TemperatureConfig"),
-    "loss": ("dynamo_jax.losses.config", "LossConfig"),
-    "mesh": ("dynamo_jax.sharding.mesh", "MeshConfig"),
-    "optim": (__name__, "OptimConfig"),
-    "train": (__name__, "TrainConfig"),
-    "checkpoint": ("dynamo_jax.checkpoint", "CheckpointConfig"),
-    "eval": (__name__, "EvalConfig"),
-    "logging": ("dynamo_jax.metrics", "LoggingConfig"),
-    "dry_run": (__name__, "DryRunConfig"),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """Every section of a run, validated, plus the run's name."""
+    """Every section of a run, validated, plus the run's name.
+
+    The derived sizes every stage needs (`budget`, `max_seq_len`, `updates_per_step`,
+    `total_updates`) are properties here, computed in this one place.
+    """
 
     name: str
-    model: Any
+    model: ModelConfig
     init: InitConfig
-    data: Any
-    reward: Any
+    data: DataConfig
+    reward: RewardConfig
     rollout: RolloutConfig
-    jax_engine: Any
-    allocation: Any
-    temperature: Any
-    loss: Any
-    mesh: Any
+    jax_engine: JaxEngineConfig
+    allocation: AllocationConfig
+    temperature: TemperatureConfig
+    loss: LossConfig
+    mesh: MeshConfig
     optim: OptimConfig
     train: TrainConfig
     checkpoint: CheckpointConfig
@@ -181,10 +146,35 @@ class RunConfig:
     logging: LoggingConfig
     dry_run: DryRunConfig
 
+    @property
+    def budget(self) -> int:
+        """B = N · n_avg: completions per step (the rows of the step's rollout batch)."""
+        return self.train.prompts_per_step * self.allocation.n_avg
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence a step can hold: max prompt tokens + max new tokens."""
+        return self.data.max_prompt_tokens + self.rollout.max_new_tokens
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per RL step: ppo_epochs passes over B / mini_batch_size."""
+        return self.train.ppo_epochs * (self.budget // self.train.mini_batch_size)
+
+    @property
+    def total_updates(self) -> int:
+        """Optimizer updates of the whole run (the learning-rate schedule's length)."""
+        return self.train.steps * self.updates_per_step
+
+
+# Section name → its dataclass: the single map from config files to the code (RunConfig's fields).
+SECTIONS: dict[str, type] = {
+    name: cls for name, cls in typing.get_type_hints(RunConfig).items() if name != "name"
+}
+
 
 def section_class(name: str) -> type:
-    module, cls = SECTIONS[name]
-    return getattr(importlib.import_module(module), cls)
+    return SECTIONS[name]
 
 
 def _plain(value: Any) -> Any:
@@ -231,10 +221,10 @@ def check_cross_fields(run: RunConfig) -> None:
     """Constraints that span sections."""
     train, alloc, temp = run.train, run.allocation, run.temperature
     try:
-        alloc.validate_against(norm_adv_by_std=train.norm_adv_by_std)
+        alloc.validate_against(norm_adv_by_std=run.loss.norm_adv_by_std)
     except ValueError as err:
-        raise ValueError(f"config.allocation vs config.train.norm_adv_by_std: {err}") from err
-    budget = train.prompts_per_step * alloc.n_avg
+        raise ValueError(f"config.allocation vs config.loss.norm_adv_by_std: {err}") from err
+    budget = run.budget
     if budget % train.mini_batch_size:
         raise ValueError(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide the rollout budget "

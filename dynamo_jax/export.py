@@ -23,9 +23,9 @@ from dynamo_jax.config import RunConfig, from_config_dict
 def restore_params(workdir: Path, cfg: RunConfig, step: int | None):
     """(step, params) of a checkpoint in `workdir`, restored unsharded on the default device."""
     from dynamo_jax.sharding.state import abstract_train_state
-    from dynamo_jax.train import make_optimizer, updates_per_step
+    from dynamo_jax.train import make_optimizer
 
-    optimizer = make_optimizer(cfg.optim, cfg.train.steps * updates_per_step(cfg))
+    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     state = abstract_train_state(cfg.model, optimizer)
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)

@@ -152,50 +152,13 @@ def build_task(cfg: Any) -> Task:
         answers=[row.gold for row in prompts.rows],
         stop_token_ids=stop_token_ids(tokenizer),
         pad_id=int(tokenizer.pad_token_id or 0),
-        seq_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+        seq_len=cfg.max_seq_len,
         decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
         scorer=scorer,
         make_iterator=lambda seed, size: data.EpochIterator(len(prompts.rows), size, seed),
         eval_rows=list(eval_prompts.rows) if eval_prompts else [],
         eval_prompt_tokens=list(eval_prompts.token_ids) if eval_prompts else [],
     )
-
-
-def build_engine(cfg: Any, params: Any, mesh: Any, param_shardings: Any, workdir: Any) -> Any:
-    """The configured `RolloutEngine`, holding `params` as weight version 0."""
-    if cfg.rollout.engine == "jax":
-        from dynamo_jax.rollout.jax_engine import JaxEngine
-
-        return JaxEngine(
-            cfg.model,
-            params,
-            cfg.jax_engine,
-            mesh=mesh,
-            rules=cfg.mesh.rules,
-            param_shardings=param_shardings,
-        )
-    from dynamo_jax.rollout.process_split import ProcessSplitEngine
-    from dynamo_jax.rollout.sidecar_client import SidecarConfig, VLLMSidecarEngine
-
-    if not cfg.init.checkpoint:
-        raise ValueError("rollout.engine='vllm' needs init.checkpoint (vLLM starts from HF files)")
-    sidecar = SidecarConfig(
-        python=cfg.rollout.sidecar_python,
-        model_path=cfg.init.checkpoint,
-        dtype=cfg.rollout.vllm_dtype,
-        max_model_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
-        seed=cfg.train.seed,
-        enforce_eager=cfg.rollout.vllm_enforce_eager,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        max_num_seqs=cfg.rollout.vllm_max_num_seqs,
-    )
-    # Weight version 0 is init.checkpoint itself, which is what `params` were loaded from.
-    if jax.process_count() == 1:
-        return VLLMSidecarEngine(sidecar, cfg.model, workdir=workdir)
-    # Several processes: each starts a sidecar on its own host (the checkpoint must be at
-    # init.checkpoint on every host) and samples its slice of each batch; logs apart.
-    log_dir = f"{workdir}/sidecar_process{jax.process_index()}"
-    return ProcessSplitEngine(VLLMSidecarEngine(sidecar, cfg.model, workdir=log_dir))
 
 
 def evaluate(tr: Any, step: int) -> dict[str, float]:
@@ -248,4 +211,6 @@ def engine_for_checkpoint(cfg: Any, checkpoint: str) -> Any:
     if cfg.rollout.engine == "vllm" and not cfg.init.checkpoint:
         raise ValueError("evaluating with the vLLM engine needs init.checkpoint")
     # Single device, no mesh: evaluation of a checkpoint needs no sharded training state.
+    from dynamo_jax.rollout.factory import build_engine
+
     return build_engine(cfg, params, None, None, path)

@@ -62,6 +62,7 @@ from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError
 from dynamo_jax.config import OptimConfig, RunConfig, to_json_dict
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.metrics import MetricsWriter, NullWriter, truncate_metrics
+from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.protocol import Request, SamplingParams
 from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.forward import LOGPROB_FIELDS
@@ -97,14 +98,6 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
     if cfg.max_grad_norm > 0:
         return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
     return adamw
-
-
-def updates_per_step(cfg: RunConfig) -> int:
-    return cfg.train.ppo_epochs * (budget(cfg) // cfg.train.mini_batch_size)
-
-
-def budget(cfg: RunConfig) -> int:
-    return cfg.train.prompts_per_step * cfg.allocation.n_avg
 
 
 def step_seed(seed: int, step: int, stream: int) -> int:
@@ -191,7 +184,7 @@ def generate(tr: Trainer, step: int, timings: dict) -> tuple[Any, Any, list, flo
     cfg = tr.cfg
     data_batch = next(tr.data_iter)
     rows = data_batch.indices
-    result = tr.allocator.allocate(rows, tr.history, budget(cfg))
+    result = tr.allocator.allocate(rows, tr.history, cfg.budget)
     temperature = tr.scheduler.current()
     requests = [
         Request(int(tr.task.prompt_ids[r]), tr.task.prompt_tokens[r], int(n))
@@ -215,12 +208,12 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
     """Rewards, the padded batch arrays, GRPO advantages; all host NumPy except `temperature`."""
     cfg = tr.cfg
     with _timed(timings, "score"):
-        rewards = np.zeros(budget(cfg), np.float32)
+        rewards = np.zeros(cfg.budget, np.float32)
         rewards[: len(completions)], verdict_shares = tasks.score_completions(tr.task, completions)
     batch = batching.pack_rollouts(
         tr.task.tokens_by_id,
         completions,
-        rows=budget(cfg),
+        rows=cfg.budget,
         seq_len=tr.task.seq_len,
         pad_id=tr.task.pad_id,
     )
@@ -229,7 +222,6 @@ def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: 
         cfg.loss,
         rewards,
         batch["prompt_id"],
-        norm_adv_by_std=cfg.train.norm_adv_by_std,
         num_groups=cfg.train.prompts_per_step,
         valid_S=batch["valid"],
     )
@@ -243,7 +235,7 @@ def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
     model_in = {k: batch[k] for k in LOGPROB_FIELDS}
     with _timed(timings, "old_logprobs"):
         # Each process feeds its own rows; outputs come back whole to every process.
-        model_in = multihost.global_batch_from_host(model_in, tr.logprob_shardings, budget(tr.cfg))
+        model_in = multihost.global_batch_from_host(model_in, tr.logprob_shardings, tr.cfg.budget)
         logp, ent = tr.logprob_fn(tr.state.params, model_in)
         if tr.ref_params is not None:
             batch["ref_logp"] = multihost.host_copy(tr.logprob_fn(tr.ref_params, model_in)[0])
@@ -266,7 +258,7 @@ def update(tr: Trainer, batch: dict, step: int, timings: dict) -> dict:
     per_update = []
     with _timed(timings, "update"):
         for _ in range(cfg.train.ppo_epochs):
-            rows = budget(cfg)
+            rows = cfg.budget
             perm = rng.permutation(rows) if cfg.train.shuffle_mini_batches else np.arange(rows)
             for mb in batching.mini_batches(train_batch, cfg.train.mini_batch_size, perm):
                 if "noise" in tr.batch_fields:  # Clip-Cov's random token pick, keyed by step
@@ -378,7 +370,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
 
     mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
-    optimizer = make_optimizer(cfg.optim, cfg.train.steps * updates_per_step(cfg))
+    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
     train_step, state_shardings, train_batch_shardings = make_train_step(
         cfg.model,
         cfg.loss,
@@ -399,19 +391,19 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         state = train_state_from_params(params, optimizer, shardings)
     else:
         state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
-    logprob_fn = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=budget(cfg))
+    logprob_fn = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=cfg.budget)
     # logprob_fn's input shardings, computed as make_logprob_fn does, to feed it global arrays.
     logprob_shardings = batch_shardings(
         mesh,
         activation_rules(cfg.mesh.rules, mesh, cfg.model),
-        budget(cfg),
+        cfg.budget,
         LOGPROB_FIELDS,
     )
     ref_params = None
     if cfg.loss.kl != "none":
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
         ref_params = jax.tree.map(jnp.copy, state.params)
-    engine = tasks.build_engine(cfg, state.params, mesh, state_shardings.params, workdir)
+    engine = build_engine(cfg, state.params, mesh, state_shardings.params, workdir)
     return Trainer(
         cfg=cfg,
         mesh=mesh,
@@ -566,12 +558,10 @@ def dry_run(cfg: RunConfig) -> dict:
         cfg.mesh,
         num_devices=cfg.dry_run.num_devices,
         batch_size=cfg.train.mini_batch_size,
-        seq_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens,
+        seq_len=cfg.max_seq_len,
         micro_batches=cfg.train.micro_batches,
         device_memory_gb=cfg.dry_run.device_memory_gb,
-        optimizer_factory=functools.partial(
-            make_optimizer, cfg.optim, cfg.train.steps * updates_per_step(cfg)
-        ),
+        optimizer_factory=functools.partial(make_optimizer, cfg.optim, cfg.total_updates),
     )
     print(format_report(report))
     return report

@@ -83,7 +83,7 @@ def _final_state(workdir, config):
 def _abstract(cfg):
     from dynamo_jax.sharding.state import abstract_train_state
 
-    optimizer = train.make_optimizer(cfg.optim, cfg.train.steps * train.updates_per_step(cfg))
+    optimizer = train.make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
     return {

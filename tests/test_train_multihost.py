@@ -97,7 +97,7 @@ def _restore(workdir: Path):
     from dynamo_jax.sharding.state import abstract_train_state
 
     cfg = _config()
-    optimizer = train.make_optimizer(cfg.optim, cfg.train.steps * train.updates_per_step(cfg))
+    optimizer = train.make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
     abstract = {
@@ -127,7 +127,7 @@ def test_same_metrics_every_step(runs):
     for key in ("reward/mean", "alloc/n_hist", "loss/loss", "loss/grad_norm", "entropy/mean"):
         assert key in got[0], key
     assert "eval/pass@1" in got[-1]
-    assert got[-1]["train/applied_updates"] == STEPS * train.updates_per_step(_config())
+    assert got[-1]["train/applied_updates"] == STEPS * _config().updates_per_step
 
 
 def test_checkpoint_written_once_and_restores_the_same_state(runs):
@@ -156,7 +156,7 @@ def test_checkpoint_written_once_and_restores_the_same_state(runs):
             np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
         )
     # Trained state was compared, not an untouched tree: every update was applied.
-    assert int(got.state["train"].step) == STEPS * train.updates_per_step(_config())
+    assert int(got.state["train"].step) == STEPS * _config().updates_per_step
 
 
 VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
@@ -200,8 +200,8 @@ def test_vllm_sidecars_on_two_processes_train_like_one(tmp_path):
 def test_vllm_engine_on_several_processes_is_split(monkeypatch, tmp_path):
     """Each process gets its own sidecar (its log apart) wrapped in a ProcessSplitEngine; the
     split itself is tested with real sidecars in test_rollout_process_split.py."""
-    from dynamo_jax import tasks
     from dynamo_jax.rollout import sidecar_client
+    from dynamo_jax.rollout.factory import build_engine
     from dynamo_jax.rollout.process_split import ProcessSplitEngine
 
     (tmp_path / "config.json").write_text("{}")  # what SidecarConfig checks for
@@ -216,7 +216,7 @@ def test_vllm_engine_on_several_processes_is_split(monkeypatch, tmp_path):
     )
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    engine = tasks.build_engine(cfg, None, None, None, tmp_path)
+    engine = build_engine(cfg, None, None, None, tmp_path)
     assert isinstance(engine, ProcessSplitEngine)
     assert engine.local.model_path == str(tmp_path)
     assert started == [f"{tmp_path}/sidecar_process1"]

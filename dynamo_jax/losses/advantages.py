@@ -74,13 +74,11 @@ def w_reinforce_advantages(rewards_S, *, lam: float = 0.1, valid_S=None):
     return adv_S if valid_S is None else jnp.where(valid_S, adv_S, 0.0)
 
 
-def sequence_advantages(
-    cfg: LossConfig, rewards_S, group_ids_S, *, norm_adv_by_std=True, num_groups=None, valid_S=None
-):
+def sequence_advantages(cfg: LossConfig, rewards_S, group_ids_S, *, num_groups=None, valid_S=None):
     """The advantage estimator the configured baseline uses (W-REINFORCE or GRPO)."""
     if cfg.baseline == "w_reinforce":
         return w_reinforce_advantages(rewards_S, lam=cfg.w_reinforce_lambda, valid_S=valid_S)
     return grpo_advantages(
-        rewards_S, group_ids_S, norm_adv_by_std=norm_adv_by_std, num_groups=num_groups,
+        rewards_S, group_ids_S, norm_adv_by_std=cfg.norm_adv_by_std, num_groups=num_groups,
         valid_S=valid_S,
     )  # fmt: skip

@@ -74,6 +74,8 @@ class LossConfig:
     clip_high: float = 0.28
     dual_clip: float | None = 10.0  # c > 1, applies to Â < 0; None disables
     loss_agg_mode: str = "token-mean"
+    # GRPO advantages (R − mean) / (std + ε); False = Dr.GRPO's R − mean (ALGORITHM.md §2).
+    norm_adv_by_std: bool = True
     max_len_norm: int | None = None  # constant divisor of seq-mean-token-sum-norm (Dr.GRPO)
     # DynaMO modulation (§4); only read when baseline == "dynamo".
     enable_gc: bool = True

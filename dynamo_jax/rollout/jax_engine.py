@@ -49,44 +49,11 @@ from jax.sharding import Mesh
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.decode import KVCache, decode_step, init_cache, prefill
 from dynamo_jax.rollout import buckets, sampling
+from dynamo_jax.rollout.config import JaxEngineConfig
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
 from dynamo_jax.sharding import multihost
 
-_CACHE_DTYPES = ("float32", "bfloat16")
-
-
-@dataclasses.dataclass(frozen=True)
-class JaxEngineConfig:
-    """Bucketing and loop settings of the embedded engine.
-
-    min_batch / max_batch: smallest batch bucket and the most rows one program runs (larger
-    calls are split). min_prompt_len / min_new_tokens: floors of the prompt-length and
-    generation-length buckets. decode_chunk: decode steps per program call between host checks
-    (compaction opportunities). compact: gather live rows into a smaller bucket when at most half
-    are running. cache_dtype: KV-cache dtype, None = the model's compute dtype.
-    """
-
-    min_batch: int = 8
-    max_batch: int = 256
-    min_prompt_len: int = 16
-    min_new_tokens: int = 16
-    decode_chunk: int = 32
-    compact: bool = True
-    cache_dtype: str | None = None
-
-    def __post_init__(self):
-        for name in ("min_batch", "max_batch", "min_prompt_len", "min_new_tokens", "decode_chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"JaxEngineConfig.{name} must be a positive int, got {value!r}")
-        if self.max_batch < self.min_batch:
-            raise ValueError(
-                f"JaxEngineConfig.max_batch ({self.max_batch}) must be >= min_batch ({self.min_batch})"
-            )
-        if self.cache_dtype is not None and self.cache_dtype not in _CACHE_DTYPES:
-            raise ValueError(
-                f"JaxEngineConfig.cache_dtype must be None or one of {_CACHE_DTYPES}, got {self.cache_dtype!r}"
-            )
+_DEFAULT_CONFIG = JaxEngineConfig()
 
 
 class _Knobs(NamedTuple):
@@ -249,7 +216,7 @@ class JaxEngine:
         self,
         model_cfg: ModelConfig,
         params: Any,
-        config: JaxEngineConfig = JaxEngineConfig(),
+        config: JaxEngineConfig = _DEFAULT_CONFIG,
         *,
         mesh: Mesh | None = None,
         rules: Any = None,
