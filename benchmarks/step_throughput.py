@@ -6,7 +6,7 @@
 
 Both sides run the same model shape on the same batch of random tokens and do a full policy
 update: forward, per-token log-probs of the sampled tokens, an advantage-weighted loss, backward
-and an AdamW step. JAX runs `sharding.step.make_train_step` (the trainer's own step with the
+and an AdamW step. JAX runs `step.train_step.make_train_step` (the trainer's own step with the
 DynaMO loss, which also computes entropy and K); PyTorch runs the model's forward with full
 logits, `log_softmax`, gather, backward and `torch.optim.AdamW`. Prints tokens/s for each and the
 ratio JAX / PyTorch (target >= 1.5x on CPU). With --mfu: model FLOPs utilisation,
@@ -57,8 +57,8 @@ def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float):
     import optax
 
     from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
-    from dynamo_jax.sharding.state import init_train_state
-    from dynamo_jax.sharding.step import make_train_step
+    from dynamo_jax.step.state import init_train_state
+    from dynamo_jax.step.train_step import make_train_step
 
     mesh_cfg = MeshConfig(shape=(1, 1, 1))
     mesh = build_mesh(mesh_cfg, jax.devices()[:1])

@@ -8,7 +8,7 @@ For each model (random weights of a preset's shape, float32 on CPU):
     write (hf_io's streaming export to /dev/shm) and the sidecar's in-place vLLM reload + prefix
     cache reset. The first push compiles the export's per-chunk device ops; the second (warm)
     one is what every later step pays, and is the figure compared.
-  - step: the trainer's own jitted step (`sharding.step.make_train_step`: forward, log-probs,
+  - step: the trainer's own jitted step (`step.train_step.make_train_step`: forward, log-probs,
     entropy, DynaMO loss, backward, AdamW; state donated) on `batch x seq` random tokens, one
     device. Besides push/step for that size it prints the tokens per step at which the push
     would be 5 % of the step, from the measured per-token step cost.

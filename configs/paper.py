@@ -16,7 +16,7 @@ silent, to be checked against the papers' appendices before claiming a reproduct
 from pathlib import Path
 
 from configs import base
-from dynamo_jax.losses.config import BASELINES  # Table 1: one loss preset each
+from dynamo_jax.losses import BASELINES  # Table 1: one loss preset each
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math"
 

@@ -1,21 +1,59 @@
-"""Rollouts → the trainer's fixed-shape batch arrays, and the split into optimizer mini-batches.
+"""Rollouts → the trainer's typed batch (`RolloutBatch`), and the split into mini-batches.
 
-Layout (sharding/forward.py's batch convention): row b is one completion, prompt then response,
+Layout (step/forward.py's batch convention): row b is one completion, prompt then response,
 left-aligned, padded on the right to `seq_len`; every per-token array is indexed by the token it
 scores. The batch always has `rows` rows (the step's budget B), so the jitted functions compile
 once: when the allocator reports a shortfall, the missing rows are padding (`valid` False,
 loss_mask 0, advantage 0).
 
-Shape letters: B rows (completions), L sequence length (max prompt + max new tokens).
+`RolloutBatch` is what the stages of a step hand each other (train.py): built once from the
+scored completions (`build_batch`), then completed with the old-log-prob pass's outputs
+(`dataclasses.replace`), then read by the update. It is immutable and host-side (NumPy).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from dynamo_jax.rollout.protocol import Completion
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+    """One step's rollouts as fixed-shape host arrays ([B, L] per token, [B] per row)."""
+
+    tokens: np.ndarray  # int32 [B, L] prompt + response ids
+    positions: np.ndarray  # int32 [B, L] RoPE positions
+    attention_mask: np.ndarray  # int32 [B, L] 1 for real tokens
+    loss_mask: np.ndarray  # float32 [B, L] 1 on response tokens (the trained ones)
+    engine_logp: np.ndarray  # float32 [B, L] the engine's log-prob of each sampled token
+    valid: np.ndarray  # bool [B] False on padding rows
+    prompt_id: np.ndarray  # int64 [B] stable prompt id (-1 on padding rows)
+    response_len: np.ndarray  # int32 [B]
+    stopped: np.ndarray  # bool [B] ended on a stop token (not the length limit)
+    rewards: np.ndarray  # float32 [B]
+    advantages: np.ndarray  # float32 [B] sequence advantage of each row
+    temperature: float  # the sampling temperature of every row
+    old_logp: np.ndarray | None = None  # float32 [B, L] log π_old at `temperature`
+    ref_logp: np.ndarray | None = None  # float32 [B, L] reference policy (KL term only)
+    entropy: np.ndarray | None = None  # float32 [B, L] H_t of π_old at `temperature`
+
+    @property
+    def rows(self) -> int:
+        return len(self.valid)
+
+    def arrays(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The named fields as the jitted functions take them (`temperature` as a 0-d float32)."""
+        out = {}
+        for name in names:
+            value = getattr(self, name)
+            if value is None:
+                raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
+            out[name] = np.float32(value) if name == "temperature" else value
+        return out
 
 
 def pack_rollouts(
@@ -75,8 +113,16 @@ def pack_rollouts(
     }
 
 
-def group_stats(prompt_id_B: np.ndarray, rewards_B: np.ndarray, valid_B: np.ndarray) -> dict:
-    """Per prompt-id group: count, correct count (reward > 0), reward sum, zero-variance flag."""
+def group_stats(
+    prompt_id_B: np.ndarray,
+    rewards_B: np.ndarray,
+    valid_B: np.ndarray,
+    entropy_BxL: np.ndarray | None = None,
+    mask_BxL: np.ndarray | None = None,
+) -> dict:
+    """Per prompt-id group: count, correct count (reward > 0), reward sum, zero-variance flag,
+    and with `entropy_BxL` the mean token entropy over the group's `mask_BxL` tokens (NaN if
+    it has none)."""
     ids = prompt_id_B[valid_B]
     rewards = rewards_B[valid_B]
     uniq, inverse = np.unique(ids, return_inverse=True)
@@ -85,13 +131,21 @@ def group_stats(prompt_id_B: np.ndarray, rewards_B: np.ndarray, valid_B: np.ndar
     rsum = np.bincount(inverse, weights=rewards.astype(np.float64), minlength=len(uniq))
     rsq = np.bincount(inverse, weights=rewards.astype(np.float64) ** 2, minlength=len(uniq))
     var = rsq / np.maximum(count, 1) - (rsum / np.maximum(count, 1)) ** 2
-    return {
+    out = {
         "prompt_id": uniq,
         "count": count.astype(np.int64),
         "correct": np.rint(correct).astype(np.int64),
         "reward_sum": rsum,
         "zero_variance": var <= 1e-12,
     }
+    if entropy_BxL is not None:
+        mask = np.asarray(mask_BxL, bool)[valid_B]
+        ent = np.where(mask, np.asarray(entropy_BxL, np.float64)[valid_B], 0.0)
+        tokens = np.bincount(inverse, weights=mask.sum(axis=1), minlength=len(uniq))
+        ent_sum = np.bincount(inverse, weights=ent.sum(axis=1), minlength=len(uniq))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["entropy_mean"] = np.where(tokens > 0, ent_sum / tokens, np.nan)
+    return out
 
 
 def mini_batches(batch: dict[str, np.ndarray], size: int, permutation: np.ndarray) -> list[dict]:

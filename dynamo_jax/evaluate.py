@@ -24,9 +24,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dynamo_jax import tasks
+from dynamo_jax.config import RunConfig
 from dynamo_jax.data.rows import Row
+from dynamo_jax.export import restore_params
+from dynamo_jax.models.hf_io import load_hf_checkpoint
+from dynamo_jax.models.tokenizer import stop_token_ids
 from dynamo_jax.rewards.verdict import STATUSES, Verdict
+from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
+from dynamo_jax.seeds import EVAL, step_seed
+from dynamo_jax.tasks import Task
 
 DEFAULT_KS = (1, 8, 32)
 OVERALL = "overall"
@@ -233,45 +241,47 @@ def metrics(report: EvalReport, prefix: str = "eval") -> dict[str, float]:
 # --- command line -------------------------------------------------------------------------------
 
 
-def make_engine(run_config: Any, checkpoint: str) -> RolloutEngine:
-    """The rollout engine holding the checkpoint's weights: a run directory (its latest orbax
-    step) or a Hugging Face directory, on the engine the run's config names."""
-    from dynamo_jax.tasks import engine_for_checkpoint
-
-    return engine_for_checkpoint(run_config, checkpoint)
-
-
-def stop_token_ids(tokenizer) -> tuple[int, ...]:
-    """eos plus Qwen's end markers when the vocabulary has them (base and chat models differ)."""
-    ids = {tokenizer.eos_token_id}
-    for token in ("<|im_end|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return tuple(sorted(i for i in ids if i is not None))
-
-
-def eval_problems(data_cfg: Any, reward_cfg: Any, tokenizer_dir: str, max_problems: int = 0):
-    """(rows, prompt token ids, tokenizer, scorer) of the data section's evaluation set."""
-    from dynamo_jax import data
-
-    if data_cfg.task == "synthetic":
-        rows = data.make_synthetic_dataset(data_cfg.synthetic_config())
-        tokenizer, scorer = data.synthetic_tokenizer(), data.SyntheticScorer(reward_cfg)
+def make_engine(run_config: RunConfig, checkpoint: str) -> RolloutEngine:
+    """The rollout engine holding a checkpoint's weights, on the engine the run's config names:
+    a run directory (its latest orbax step) or a Hugging Face directory (config.json +
+    safetensors). Single device, no mesh: evaluating needs no sharded training state."""
+    path = Path(checkpoint)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
+        _, params = restore_params(path, run_config, None)
     else:
-        from transformers import AutoTokenizer
+        _, params = load_hf_checkpoint(path, cfg=run_config.model)
+    if run_config.rollout.engine == "vllm" and not run_config.init.checkpoint:
+        raise ValueError("evaluating with the vLLM engine needs init.checkpoint")
+    return build_engine(run_config, params, None, None, path)
 
-        from dynamo_jax.rewards import RewardPool
 
-        paths = data_cfg.eval_paths or data_cfg.paths
-        rows, _ = data.load_files(
-            paths, fmt=data_cfg.format, on_bad_row=data_cfg.on_bad_row, id_field=data_cfg.id_field
-        )
-        tokenizer, scorer = AutoTokenizer.from_pretrained(tokenizer_dir), RewardPool(reward_cfg)
-    if max_problems:
-        rows = rows[:max_problems]
-    prompts = data.build_prompts(rows, tokenizer, data_cfg)
-    return list(prompts.rows), list(prompts.token_ids), tokenizer, scorer
+def evaluate_in_loop(engine: RolloutEngine, task: Task, cfg: RunConfig, step: int) -> dict:
+    """pass@k on the task's evaluation problems with the live engine (temperature 1, top-p 1),
+    as flat metrics (`eval/<benchmark>/pass@k`, `eval/pass@1` overall)."""
+    limit = cfg.eval.max_problems or len(task.eval_rows)
+    rows, prompts = task.eval_rows[:limit], task.eval_prompt_tokens[:limit]
+    if not rows:
+        return {}
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        stop_token_ids=task.stop_token_ids,
+        seed=step_seed(cfg.train.seed, step, EVAL),
+    )
+    report = evaluate(
+        engine,
+        rows,
+        prompts,
+        scorer=task.scorer,
+        decode=task.decode,
+        sampling=sampling,
+        n_samples=cfg.eval.n_samples,
+        ks=cfg.eval.ks,
+    )
+    out = metrics(report)
+    out["eval/pass@1"] = out.get(f"eval/{OVERALL}/pass@1", float("nan"))
+    return out
 
 
 def run_from_config(
@@ -285,10 +295,9 @@ def run_from_config(
     seed: int,
 ) -> EvalReport:
     """The CLI's work: problems of the config's data section, the checkpoint's engine, report."""
-    tokenizer_dir = run_config.init.tokenizer or checkpoint
-    rows, prompt_ids, tokenizer, scorer = eval_problems(
-        run_config.data, run_config.reward, tokenizer_dir, max_problems
-    )
+    tokenizer = tasks.task_tokenizer(run_config, fallback_dir=checkpoint)
+    rows, prompt_ids = tasks.eval_problems(run_config, tokenizer, max_problems)
+    scorer = tasks.make_scorer(run_config)
     sampling = SamplingParams(
         max_new_tokens=run_config.rollout.max_new_tokens,
         temperature=1.0,

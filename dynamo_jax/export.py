@@ -22,8 +22,8 @@ from dynamo_jax.config import RunConfig, from_config_dict
 
 def restore_params(workdir: Path, cfg: RunConfig, step: int | None):
     """(step, params) of a checkpoint in `workdir`, restored unsharded on the default device."""
-    from dynamo_jax.sharding.state import abstract_train_state
-    from dynamo_jax.train import make_optimizer
+    from dynamo_jax.step.optimizer import make_optimizer
+    from dynamo_jax.step.state import abstract_train_state
 
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -58,9 +58,9 @@ def export(
     step, params = restore_params(workdir, cfg, step)
     tokenizer = None
     if cfg.init.tokenizer:
-        from dynamo_jax.tasks import load_tokenizer
+        from dynamo_jax.models.tokenizer import tokenizer_from_spec
 
-        tokenizer = load_tokenizer(cfg.init.tokenizer)
+        tokenizer = tokenizer_from_spec(cfg.init.tokenizer)
     out = save_hf_checkpoint(params, cfg.model, out_dir, tokenizer=tokenizer, dtype=dtype)
     print(f"exported step {step} of {workdir} to {out}")
     return Path(out)

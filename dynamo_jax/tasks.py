@@ -1,9 +1,10 @@
-"""What the loop trains on: prompts, how to score completions, the engine and evaluation.
+"""What the loop trains on: the prompts, how completions are scored, and the eval problems.
 
 `build_task(cfg)` turns the data/reward sections into a `Task`: tokenized prompts keyed by their
 stable ids, the stop/pad ids, the scoring function (math-verify pool for real data, the exact
-checker for the synthetic task) and the epoch iterator. `build_engine` makes the configured
-rollout engine; `evaluate` runs the pass@k harness on the held-out problems.
+checker for the synthetic task), the epoch iterator and the evaluation problems.
+`score_completions` scores a step's completions (split over processes). The pieces
+(`task_tokenizer`, `make_scorer`, `eval_problems`) also serve `python -m dynamo_jax.evaluate`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from dynamo_jax.evaluate import stop_token_ids
+from dynamo_jax import data
+from dynamo_jax.config import RunConfig
+from dynamo_jax.models.tokenizer import stop_token_ids, tokenizer_from_spec
+from dynamo_jax.rewards import RewardPool
 from dynamo_jax.rewards.verdict import STATUSES
 from dynamo_jax.rollout.protocol import Completion
 from dynamo_jax.sharding import multihost
@@ -92,60 +96,57 @@ def score_completions(task: Task, completions: list) -> tuple[np.ndarray, dict]:
     return rewards, status_shares(codes)
 
 
-QWEN2_TOKENIZER = "qwen2"  # init.tokenizer value: the real Qwen2 vocabulary, built offline
+def task_tokenizer(cfg: RunConfig, fallback_dir: str = "") -> Any:
+    """The tokenizer of the data section's task: the synthetic task's own, or `init.tokenizer`
+    (an HF directory or "qwen2"), else `fallback_dir` / `init.checkpoint`'s files."""
+    if cfg.data.task == "synthetic":
+        return data.synthetic_tokenizer()
+    return tokenizer_from_spec(cfg.init.tokenizer or fallback_dir or cfg.init.checkpoint)
 
 
-def load_tokenizer(spec: str) -> Any:
-    """An HF tokenizer directory, or "qwen2" for the Qwen2/2.5/3 vocabulary built offline."""
-    from dynamo_jax.models import tokenizer as tok
-
-    if spec == QWEN2_TOKENIZER:
-        return tok.build_qwen2_tokenizer()
-    if not spec:
-        raise ValueError("data.task='math' needs init.tokenizer (an HF tokenizer dir or 'qwen2')")
-    return tok.load_tokenizer(spec)
-
-
-def _load_rows(cfg: Any) -> tuple[Any, list, list, Any]:
-    """(tokenizer, training rows, eval rows, scorer) for the data section's task."""
-    from dynamo_jax import data
-
-    d = cfg.data
-    if d.task == "synthetic":
-        syn = data.SyntheticConfig(
-            d.synthetic_op, d.synthetic_modulus, d.synthetic_num_rows, d.seed
-        )
-        rows = data.make_synthetic_dataset(syn)
-        eval_rows = rows  # the task has no held-out split: evaluation re-asks its problems
-        return data.synthetic_tokenizer(), rows, eval_rows, data.SyntheticScorer(cfg.reward)
-    from dynamo_jax.rewards import RewardPool
-
-    tokenizer = load_tokenizer(cfg.init.tokenizer or cfg.init.checkpoint)
-    opts = dict(fmt=d.format, on_bad_row=d.on_bad_row, id_field=d.id_field)
-    rows, _ = data.load_files(d.paths, **opts)
-    eval_rows = data.load_files(d.eval_paths, **opts)[0] if d.eval_paths else []
+def make_scorer(cfg: RunConfig) -> Any:
+    """The task's scorer, started: the exact checker (synthetic) or the math-verify pool."""
+    if cfg.data.task == "synthetic":
+        return data.SyntheticScorer(cfg.reward)
     pool = RewardPool(cfg.reward)
     pool.start()
-    return tokenizer, rows, eval_rows, pool
+    return pool
 
 
-def build_task(cfg: Any) -> Task:
-    """The run's training prompts, scorer and evaluation problems (see the module docstring)."""
-    from dynamo_jax import data
+def _rows(cfg: RunConfig, paths: tuple[str, ...]) -> list:
+    if cfg.data.task == "synthetic":
+        return data.make_synthetic_dataset(cfg.data.synthetic_config())
+    d = cfg.data
+    return data.load_files(paths, fmt=d.format, on_bad_row=d.on_bad_row, id_field=d.id_field)[0]
 
-    tokenizer, rows, eval_rows, scorer = _load_rows(cfg)
+
+def eval_problems(cfg: RunConfig, tokenizer: Any, max_problems: int = 0) -> tuple[list, list]:
+    """(rows, prompt token ids) of the evaluation problems: `data.eval_paths`, or the training
+    files when there are none; the synthetic task re-asks its own problems (it has no split)."""
+    rows = _rows(cfg, cfg.data.eval_paths or cfg.data.paths)
+    if max_problems:
+        rows = rows[:max_problems]
     prompts = data.build_prompts(rows, tokenizer, cfg.data)
-    if len(prompts.rows) < cfg.train.prompts_per_step:
-        raise ValueError(
-            f"data: {len(prompts.rows)} usable prompts, fewer than train.prompts_per_step "
-            f"({cfg.train.prompts_per_step})"
-        )
-    eval_prompts = data.build_prompts(eval_rows, tokenizer, cfg.data) if eval_rows else None
+    return list(prompts.rows), list(prompts.token_ids)
+
+
+def build_task(cfg: RunConfig) -> Task:
+    """The run's training prompts, scorer and evaluation problems (see the module docstring)."""
+    tokenizer = task_tokenizer(cfg)
     if cfg.model.vocab_size < len(tokenizer):
         raise ValueError(
             f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
             f"vocabulary ({len(tokenizer)})"
         )
+    prompts = data.build_prompts(_rows(cfg, cfg.data.paths), tokenizer, cfg.data)
+    if len(prompts.rows) < cfg.train.prompts_per_step:
+        raise ValueError(
+            f"data: {len(prompts.rows)} usable prompts, fewer than train.prompts_per_step "
+            f"({cfg.train.prompts_per_step})"
+        )
+    eval_rows, eval_tokens = [], []
+    if cfg.data.task == "synthetic" or cfg.data.eval_paths:
+        eval_rows, eval_tokens = eval_problems(cfg, tokenizer)
     return Task(
         prompt_ids=np.asarray(prompts.prompt_ids, np.int64),
         prompt_tokens=list(prompts.token_ids),
@@ -154,63 +155,8 @@ def build_task(cfg: Any) -> Task:
         pad_id=int(tokenizer.pad_token_id or 0),
         seq_len=cfg.max_seq_len,
         decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
-        scorer=scorer,
+        scorer=make_scorer(cfg),
         make_iterator=lambda seed, size: data.EpochIterator(len(prompts.rows), size, seed),
-        eval_rows=list(eval_prompts.rows) if eval_prompts else [],
-        eval_prompt_tokens=list(eval_prompts.token_ids) if eval_prompts else [],
+        eval_rows=eval_rows,
+        eval_prompt_tokens=eval_tokens,
     )
-
-
-def evaluate(tr: Any, step: int) -> dict[str, float]:
-    """pass@k on the task's evaluation problems with the live engine (temperature 1, top-p 1)."""
-    from dynamo_jax import evaluate as harness
-    from dynamo_jax.rollout.protocol import SamplingParams
-    from dynamo_jax.train import step_seed
-
-    cfg, task = tr.cfg, tr.task
-    limit = cfg.eval.max_problems or len(task.eval_rows)
-    rows, prompts = task.eval_rows[:limit], task.eval_prompt_tokens[:limit]
-    if not rows:
-        return {}
-    sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        stop_token_ids=task.stop_token_ids,
-        seed=step_seed(cfg.train.seed, step, 2),
-    )
-    report = harness.evaluate(
-        tr.engine,
-        rows,
-        prompts,
-        scorer=task.scorer,
-        decode=task.decode,
-        sampling=sampling,
-        n_samples=cfg.eval.n_samples,
-        ks=cfg.eval.ks,
-    )
-    out = harness.metrics(report)
-    out["eval/pass@1"] = out.get(f"eval/{harness.OVERALL}/pass@1", float("nan"))
-    return out
-
-
-def engine_for_checkpoint(cfg: Any, checkpoint: str) -> Any:
-    """A rollout engine holding a checkpoint's weights: a run directory (its latest orbax step)
-    or an HF directory (config.json + safetensors). Used by `python -m dynamo_jax.evaluate`."""
-    from pathlib import Path
-
-    path = Path(checkpoint)
-    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():
-        from dynamo_jax.export import restore_params
-
-        _, params = restore_params(path, cfg, None)
-    else:
-        from dynamo_jax.models.hf_io import load_hf_checkpoint
-
-        _, params = load_hf_checkpoint(path, cfg=cfg.model)
-    if cfg.rollout.engine == "vllm" and not cfg.init.checkpoint:
-        raise ValueError("evaluating with the vLLM engine needs init.checkpoint")
-    # Single device, no mesh: evaluation of a checkpoint needs no sharded training state.
-    from dynamo_jax.rollout.factory import build_engine
-
-    return build_engine(cfg, params, None, None, path)

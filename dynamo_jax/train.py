@@ -52,57 +52,30 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from dynamo_jax import batching, tasks
-from dynamo_jax.allocation import make_allocator, make_history
+from dynamo_jax import batching, evaluate, tasks
+from dynamo_jax.allocation import AllocationResult, make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.allocation.temperature import TemperatureScheduler
+from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError
-from dynamo_jax.config import OptimConfig, RunConfig, to_json_dict
+from dynamo_jax.config import RunConfig, to_json_dict
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.metrics import MetricsWriter, NullWriter, truncate_metrics
 from dynamo_jax.rollout.factory import build_engine
-from dynamo_jax.rollout.protocol import Request, SamplingParams
+from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
+from dynamo_jax.seeds import MINI_BATCH, ROLLOUT, step_seed
 from dynamo_jax.sharding import multihost
-from dynamo_jax.sharding.forward import LOGPROB_FIELDS
 from dynamo_jax.sharding.mesh import build_mesh
 from dynamo_jax.sharding.rules import replicated
+from dynamo_jax.step.forward import LogprobFn, make_logprob_fn
+from dynamo_jax.step.optimizer import make_optimizer
+from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
+from dynamo_jax.step.train_step import TrainStep, make_train_step
 
 log = logging.getLogger(__name__)
 
 SKIP_KEY = "update_skipped"  # the train step's metric flagging a skipped non-finite update
-
-
-# ----------------------------------------------------------------------------- optimizer
-
-
-def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransformation:
-    """AdamW with linear warm-up, then constant or cosine decay; optional global-norm clip."""
-    warmup = min(cfg.warmup_steps, max(total_updates - 1, 0))
-    if cfg.schedule == "cosine":
-        lr = optax.warmup_cosine_decay_schedule(
-            0.0, cfg.learning_rate, warmup, max(total_updates, warmup + 1)
-        )
-    elif warmup:
-        lr = optax.join_schedules(
-            [
-                optax.linear_schedule(0.0, cfg.learning_rate, warmup),
-                optax.constant_schedule(cfg.learning_rate),
-            ],
-            [warmup],
-        )
-    else:
-        lr = cfg.learning_rate
-    adamw = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.max_grad_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
-    return adamw
-
-
-def step_seed(seed: int, step: int, stream: int) -> int:
-    """A 32-bit seed for one random stream of one step (0 rollouts, 1 mini-batches, 2 eval)."""
-    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0])
 
 
 # ----------------------------------------------------------------------------- run state
@@ -115,25 +88,17 @@ class Trainer:
     cfg: RunConfig
     mesh: Any
     task: tasks.Task
-    engine: Any
-    allocator: Any
+    engine: RolloutEngine
+    allocator: Any  # allocation.Allocator
     history: PromptHistory
     scheduler: TemperatureScheduler
-    data_iter: Any
-    train_step: Any
-    batch_shardings: dict  # field → NamedSharding of the jitted train step's mini-batch
-    skip_key: str  # its metric that flags a skipped (non-finite) update
-    logprob_fn: Any
-    logprob_shardings: dict  # field → NamedSharding of logprob_fn's whole-rollout batch
-    state: Any  # sharding.state.TrainState
+    data_iter: Any  # data.EpochIterator
+    train_step: TrainStep
+    logprob: LogprobFn
+    state: TrainState
     ref_params: Any = None  # frozen reference policy, only when the loss has a KL term
     consecutive_nonfinite: int = 0
     skipped_updates: int = 0
-
-    @property
-    def batch_fields(self) -> tuple[str, ...]:
-        """The fields the jitted train step takes."""
-        return tuple(self.batch_shardings)
 
     # -- checkpoint payload -------------------------------------------------------------
     def host_state(self) -> dict:
@@ -157,7 +122,26 @@ class Trainer:
         self.skipped_updates = int(host["loop"]["skipped_updates"])
 
 
-# ----------------------------------------------------------------------------- one step
+# ----------------------------------------------------------------------------- the stages
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+    """What the generate stage produced: the step's prompts, their allocation, the completions."""
+
+    rows: np.ndarray  # int64 [N] dataset rows of the step's prompts
+    epoch_end: bool  # the data iterator finished a pass over the dataset with this batch
+    allocation: AllocationResult  # n_i per prompt (aligned with `rows`)
+    completions: list[Completion]  # grouped by prompt in `rows` order, then by sample
+    temperature: float  # the sampling temperature of every completion
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateResult:
+    """The update stage's outcome: per-update loss metrics (host) and which updates were skipped."""
+
+    metrics: list[dict]  # one dict of host scalars per optimizer update
+    skipped: list[bool]  # per update: a non-finite loss or gradient, not applied
 
 
 @contextlib.contextmanager
@@ -167,7 +151,162 @@ def _timed(timings: dict, name: str):
     timings[f"time/{name}"] = time.perf_counter() - start
 
 
-def _allocation_metrics(n: np.ndarray, g_max: int, result) -> dict:
+def generate(
+    cfg: RunConfig,
+    step: int,
+    task: tasks.Task,
+    data_iter: Any,
+    allocator: Any,
+    history: PromptHistory,
+    scheduler: TemperatureScheduler,
+    engine: RolloutEngine,
+    timings: dict,
+) -> Rollouts:
+    """The step's prompts, their rollout counts and temperature, and the engine's completions."""
+    data_batch = next(data_iter)
+    rows = data_batch.indices
+    allocation = allocator.allocate(rows, history, cfg.budget)
+    temperature = scheduler.current()
+    requests = [
+        Request(int(task.prompt_ids[r]), task.prompt_tokens[r], int(n))
+        for r, n in zip(rows, allocation.n)
+        if n > 0
+    ]
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        stop_token_ids=task.stop_token_ids,
+        seed=step_seed(cfg.train.seed, step, ROLLOUT),
+    )
+    with _timed(timings, "generate"):
+        completions = engine.generate(requests, sampling)
+    return Rollouts(rows, bool(data_batch.epoch_end), allocation, completions, temperature)
+
+
+def score(task: tasks.Task, completions: list[Completion], budget: int, timings: dict):
+    """Rewards float32 [budget] (0 on padding rows) and the share of each verdict status."""
+    with _timed(timings, "score"):
+        rewards = np.zeros(budget, np.float32)
+        rewards[: len(completions)], verdict_shares = tasks.score_completions(task, completions)
+    return rewards, verdict_shares
+
+
+def build_batch(
+    cfg: RunConfig, task: tasks.Task, rollouts: Rollouts, rewards_B: np.ndarray
+) -> RolloutBatch:
+    """The fixed-shape batch of the scored completions, with the loss variant's advantages."""
+    arrays = batching.pack_rollouts(
+        task.tokens_by_id,
+        rollouts.completions,
+        rows=cfg.budget,
+        seq_len=task.seq_len,
+        pad_id=task.pad_id,
+    )
+    adv_B = sequence_advantages(
+        cfg.loss,
+        rewards_B,
+        arrays["prompt_id"],
+        num_groups=cfg.train.prompts_per_step,
+        valid_B=arrays["valid"],
+    )
+    return RolloutBatch(
+        **arrays,
+        rewards=rewards_B,
+        advantages=np.asarray(adv_B, np.float32),
+        temperature=float(rollouts.temperature),
+    )
+
+
+def old_logprobs(
+    batch: RolloutBatch, logprob: LogprobFn, params: Any, ref_params: Any, timings: dict
+) -> RolloutBatch:
+    """The batch with π_old's (and π_ref's) log-probs and π_old's entropy at its temperature,
+    from the trainer's own forward."""
+    with _timed(timings, "old_logprobs"):
+        # Each process feeds its own rows; outputs come back whole to every process.
+        model_in = multihost.global_batch_from_host(
+            batch.arrays(logprob.batch_shardings), logprob.batch_shardings, batch.rows
+        )
+        logp, ent = logprob(params, model_in)
+        ref_logp = None
+        if ref_params is not None:
+            ref_logp = multihost.host_copy(logprob(ref_params, model_in)[0])
+        old_logp, entropy = multihost.host_copy(logp), multihost.host_copy(ent)
+    return dataclasses.replace(batch, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
+
+
+def update(
+    cfg: RunConfig,
+    step: int,
+    batch: RolloutBatch,
+    train_step: TrainStep,
+    state: TrainState,
+    timings: dict,
+) -> tuple[TrainState, UpdateResult]:
+    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches."""
+    fields = tuple(train_step.batch_shardings)
+    train_batch = batch.arrays(fields)
+    rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
+    per_update = []
+    with _timed(timings, "update"):
+        for _ in range(cfg.train.ppo_epochs):
+            perm = (
+                rng.permutation(batch.rows)
+                if cfg.train.shuffle_mini_batches
+                else np.arange(batch.rows)
+            )
+            for mb in batching.mini_batches(train_batch, cfg.train.mini_batch_size, perm):
+                mb = multihost.global_batch_from_host(
+                    mb, train_step.batch_shardings, cfg.train.mini_batch_size
+                )
+                state, metrics = train_step.fn(state, mb)
+                per_update.append(metrics)
+        fetched = jax.device_get(per_update)  # one host sync per step, not per update
+    skipped = [bool(m.pop(SKIP_KEY)) for m in fetched]
+    return state, UpdateResult(fetched, skipped)
+
+
+def record(
+    history: PromptHistory,
+    allocator: Any,
+    scheduler: TemperatureScheduler,
+    task: tasks.Task,
+    rollouts: Rollouts,
+    batch: RolloutBatch,
+    groups: dict,
+    step: int,
+) -> None:
+    """What the step taught the allocator (history, epoch end) and the temperature scheduler."""
+    # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
+    row_of_id = {int(task.prompt_ids[r]): int(r) for r in rollouts.rows}
+    group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
+    history.update(group_rows, groups["count"], groups["correct"], groups["reward_sum"])
+    if rollouts.epoch_end:
+        # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds, the
+        # released heuristic refreshes its priorities (allocation/policies.py).
+        allocator.on_epoch_end(history)
+    entropy = _entropy_mean(batch)
+    if np.isfinite(entropy) and entropy > 0:
+        scheduler.update(entropy, step)
+
+
+def _entropy_mean(batch: RolloutBatch) -> float:
+    mask = batch.loss_mask > 0
+    return float(batch.entropy[mask].mean()) if mask.any() else float("nan")
+
+
+def _update_metrics(result: UpdateResult) -> dict:
+    """Mean of each loss metric over the step's updates (loss metrics under `loss/`)."""
+    out: dict[str, Any] = {}
+    for key in result.metrics[0] if result.metrics else ():
+        values = np.asarray([np.asarray(m[key], np.float64) for m in result.metrics])
+        out[f"loss/{key}" if "/" not in key else key] = float(values.mean())
+    return out
+
+
+def _allocation_metrics(n: np.ndarray, g_max: int, result: AllocationResult) -> dict:
     return {
         "alloc/n_mean": float(n.mean()),
         "alloc/n_std": float(n.std()),
@@ -179,170 +318,88 @@ def _allocation_metrics(n: np.ndarray, g_max: int, result) -> dict:
     }
 
 
-def generate(tr: Trainer, step: int, timings: dict) -> tuple[Any, Any, list, float]:
-    """The step's data batch, its allocation, the completions, and the temperature used."""
-    cfg = tr.cfg
-    data_batch = next(tr.data_iter)
-    rows = data_batch.indices
-    result = tr.allocator.allocate(rows, tr.history, cfg.budget)
-    temperature = tr.scheduler.current()
-    requests = [
-        Request(int(tr.task.prompt_ids[r]), tr.task.prompt_tokens[r], int(n))
-        for r, n in zip(rows, result.n)
-        if n > 0
-    ]
-    sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        stop_token_ids=tr.task.stop_token_ids,
-        seed=step_seed(cfg.train.seed, step, 0),
-    )
-    with _timed(timings, "generate"):
-        completions = tr.engine.generate(requests, sampling)
-    return data_batch, result, completions, temperature
-
-
-def score_and_pack(tr: Trainer, completions: list, temperature: float, timings: dict):
-    """Rewards, the padded batch arrays, GRPO advantages; all host NumPy except `temperature`."""
-    cfg = tr.cfg
-    with _timed(timings, "score"):
-        rewards = np.zeros(cfg.budget, np.float32)
-        rewards[: len(completions)], verdict_shares = tasks.score_completions(tr.task, completions)
-    batch = batching.pack_rollouts(
-        tr.task.tokens_by_id,
-        completions,
-        rows=cfg.budget,
-        seq_len=tr.task.seq_len,
-        pad_id=tr.task.pad_id,
-    )
-    batch["rewards"] = rewards
-    adv_B = sequence_advantages(
-        cfg.loss,
-        rewards,
-        batch["prompt_id"],
-        num_groups=cfg.train.prompts_per_step,
-        valid_S=batch["valid"],
-    )
-    batch["advantages"] = np.asarray(adv_B, np.float32)
-    batch["temperature"] = np.float32(temperature)
-    return batch, verdict_shares
-
-
-def old_logprobs(tr: Trainer, batch: dict, timings: dict) -> None:
-    """π_old (and π_ref) log-probs at the batch temperature, from the trainer's own forward."""
-    model_in = {k: batch[k] for k in LOGPROB_FIELDS}
-    with _timed(timings, "old_logprobs"):
-        # Each process feeds its own rows; outputs come back whole to every process.
-        model_in = multihost.global_batch_from_host(model_in, tr.logprob_shardings, tr.cfg.budget)
-        logp, ent = tr.logprob_fn(tr.state.params, model_in)
-        if tr.ref_params is not None:
-            batch["ref_logp"] = multihost.host_copy(tr.logprob_fn(tr.ref_params, model_in)[0])
-        batch["old_logp"] = multihost.host_copy(logp)
-        entropy = multihost.host_copy(ent)
-    mask = batch["loss_mask"] > 0
-    batch["_entropy_mean"] = float(entropy[mask].mean()) if mask.any() else float("nan")
+def step_metrics(
+    cfg: RunConfig,
+    rollouts: Rollouts,
+    batch: RolloutBatch,
+    groups: dict,
+    result: UpdateResult,
+    verdict_shares: dict,
+    timings: dict,
+    *,
+    consecutive_nonfinite: int,
+    applied_updates: int,
+    epochs_completed: int,
+) -> dict:
+    """The step's metrics line (metrics.jsonl, TensorBoard, the progress bar)."""
+    valid = batch.valid
+    mask = batch.loss_mask > 0
+    n_resp_tokens = int(batch.response_len[valid].sum())
     # Engine vs trainer log-probs of the sampled tokens: ~0 unless the engine runs other weights
     # or another sampling distribution (then the "old" policy is not the one that sampled).
-    diff = np.abs(batch["old_logp"] - batch["engine_logp"])[mask]
-    batch["_logp_diff"] = float(diff.mean()) if diff.size else 0.0
-
-
-def update(tr: Trainer, batch: dict, step: int, timings: dict) -> dict:
-    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches."""
-    cfg = tr.cfg
-    fields = [f for f in tr.batch_fields if f in batch]
-    train_batch = {f: batch[f] for f in fields}
-    rng = np.random.default_rng(step_seed(cfg.train.seed, step, 1))
-    per_update = []
-    with _timed(timings, "update"):
-        for _ in range(cfg.train.ppo_epochs):
-            rows = cfg.budget
-            perm = rng.permutation(rows) if cfg.train.shuffle_mini_batches else np.arange(rows)
-            for mb in batching.mini_batches(train_batch, cfg.train.mini_batch_size, perm):
-                if "noise" in tr.batch_fields:  # Clip-Cov's random token pick, keyed by step
-                    mb["noise"] = rng.random(mb["tokens"].shape, dtype=np.float32)
-                mb = multihost.global_batch_from_host(
-                    mb, {f: tr.batch_shardings[f] for f in mb}, cfg.train.mini_batch_size
-                )
-                tr.state, metrics = tr.train_step(tr.state, mb)
-                per_update.append(metrics)
-        fetched = jax.device_get(per_update)  # one host sync per step, not per update
-    return _reduce_update_metrics(tr, fetched)
-
-
-def _reduce_update_metrics(tr: Trainer, fetched: list[dict]) -> dict:
-    """Mean of each loss metric over the step's updates; counts skipped (non-finite) updates."""
-    out: dict[str, Any] = {}
-    skipped = [bool(m[tr.skip_key]) for m in fetched] if fetched else []
-    for flag in skipped:
-        if flag:
-            tr.consecutive_nonfinite += 1
-            tr.skipped_updates += 1
-        else:
-            tr.consecutive_nonfinite = 0
-    for key in fetched[0] if fetched else ():
-        if key == tr.skip_key:
-            continue
-        values = np.asarray([np.asarray(m[key], np.float64) for m in fetched])
-        out[f"loss/{key}" if "/" not in key else key] = float(values.mean())
-    out["nonfinite/skipped_in_step"] = int(sum(skipped))
-    out["nonfinite/consecutive"] = tr.consecutive_nonfinite
-    return out
-
-
-def rl_step(tr: Trainer, step: int) -> dict:
-    """One RL step (module docstring); returns the step's host-side metrics."""
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    data_batch, alloc, completions, temperature = generate(tr, step, timings)
-    rows = data_batch.indices
-    batch, verdict_shares = score_and_pack(tr, completions, temperature, timings)
-    old_logprobs(tr, batch, timings)
-    metrics = update(tr, batch, step, timings)
-
-    groups = batching.group_stats(batch["prompt_id"], batch["rewards"], batch["valid"])
-    # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
-    row_of_id = {int(tr.task.prompt_ids[r]): int(r) for r in rows}
-    group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
-    tr.history.update(group_rows, groups["count"], groups["correct"], groups["reward_sum"])
-    if data_batch.epoch_end:
-        # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds, the
-        # released heuristic refreshes its priorities (allocation/policies.py).
-        tr.allocator.on_epoch_end(tr.history)
-    if np.isfinite(batch["_entropy_mean"]) and batch["_entropy_mean"] > 0:
-        tr.scheduler.update(batch["_entropy_mean"], step)
-
-    with _timed(timings, "weight_push"):
-        tr.engine.update_weights(tr.state.params, step)
-    timings["time/step"] = time.perf_counter() - t0
-
-    valid = batch["valid"]
-    n_resp_tokens = int(batch["response_len"][valid].sum())
+    diff = np.abs(batch.old_logp - batch.engine_logp)[mask]
+    metrics = _update_metrics(result)
+    metrics["nonfinite/skipped_in_step"] = int(sum(result.skipped))
+    metrics["nonfinite/consecutive"] = consecutive_nonfinite
     metrics.update(timings)
     metrics.update(verdict_shares)
-    metrics.update(_allocation_metrics(np.asarray(alloc.n), tr.cfg.allocation.g_max, alloc))
+    n = np.asarray(rollouts.allocation.n)
+    metrics.update(_allocation_metrics(n, cfg.allocation.g_max, rollouts.allocation))
     metrics.update(
         {
-            "reward/mean": float(batch["rewards"][valid].mean()),
+            "reward/mean": float(batch.rewards[valid].mean()),
             # Uniform over the step's prompts: unlike reward/mean it is not weighted by n_i,
             # so it compares allocation policies fairly (DynaMO gives uncertain prompts more).
             "reward/prompt_mean": float((groups["reward_sum"] / groups["count"]).mean()),
             "reward/zero_var_groups": float(groups["zero_variance"].mean()),
             "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
-            "temperature": float(temperature),
-            "entropy/mean": batch["_entropy_mean"],
-            "rollout/engine_logp_abs_diff": batch["_logp_diff"],
-            "response/len_mean": float(batch["response_len"][valid].mean()),
-            "response/stop_share": float(batch["stopped"][valid].mean()),
+            "temperature": float(rollouts.temperature),
+            "entropy/mean": _entropy_mean(batch),
+            "rollout/engine_logp_abs_diff": float(diff.mean()) if diff.size else 0.0,
+            "response/len_mean": float(batch.response_len[valid].mean()),
+            "response/stop_share": float(batch.stopped[valid].mean()),
             "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
             "perf/response_tokens": n_resp_tokens,
-            "train/applied_updates": int(jax.device_get(tr.state.step)),
-            "data/epoch": int(tr.history.epochs_completed),
+            "train/applied_updates": applied_updates,
+            "data/epoch": epochs_completed,
         }
     )
     return metrics
+
+
+def rl_step(tr: Trainer, step: int) -> dict:
+    """One RL step (module docstring); returns the step's host-side metrics."""
+    cfg = tr.cfg
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    rollouts = generate(
+        cfg, step, tr.task, tr.data_iter, tr.allocator, tr.history, tr.scheduler, tr.engine, timings
+    )
+    rewards, verdict_shares = score(tr.task, rollouts.completions, cfg.budget, timings)
+    batch = build_batch(cfg, tr.task, rollouts, rewards)
+    batch = old_logprobs(batch, tr.logprob, tr.state.params, tr.ref_params, timings)
+    tr.state, result = update(cfg, step, batch, tr.train_step, tr.state, timings)
+    for skipped in result.skipped:
+        tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
+        tr.skipped_updates += int(skipped)
+
+    groups = batching.group_stats(batch.prompt_id, batch.rewards, batch.valid)
+    record(tr.history, tr.allocator, tr.scheduler, tr.task, rollouts, batch, groups, step)
+    with _timed(timings, "weight_push"):
+        tr.engine.update_weights(tr.state.params, step)
+    timings["time/step"] = time.perf_counter() - t0
+    return step_metrics(
+        cfg,
+        rollouts,
+        batch,
+        groups,
+        result,
+        verdict_shares,
+        timings,
+        consecutive_nonfinite=tr.consecutive_nonfinite,
+        applied_updates=int(jax.device_get(tr.state.step)),
+        epochs_completed=int(tr.history.epochs_completed),
+    )
 
 
 # ----------------------------------------------------------------------------- building
@@ -360,18 +417,10 @@ def _mesh_devices(shape: tuple[int, ...]) -> list:
 
 def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     """Mesh, task, model state, jitted functions, engine, allocator and scheduler."""
-    from dynamo_jax.sharding.forward import activation_rules, batch_shardings, make_logprob_fn
-    from dynamo_jax.sharding.state import (
-        init_train_state,
-        train_state_from_params,
-        train_state_shardings,
-    )
-    from dynamo_jax.sharding.step import make_train_step
-
     mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
-    train_step, state_shardings, train_batch_shardings = make_train_step(
+    train_step = make_train_step(
         cfg.model,
         cfg.loss,
         optimizer,
@@ -379,31 +428,24 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         cfg.mesh.rules,
         batch_size=cfg.train.mini_batch_size,
         micro_batches=cfg.train.micro_batches,
+        seed=cfg.train.seed,
     )
-    rng = jax.random.key(cfg.train.seed)
     if cfg.init.checkpoint:
         from dynamo_jax.models.hf_io import load_hf_checkpoint
 
-        shardings = train_state_shardings(cfg.model, optimizer, mesh, cfg.mesh.rules)
         _, params = load_hf_checkpoint(
-            cfg.init.checkpoint, cfg=cfg.model, shardings=shardings.params
+            cfg.init.checkpoint, cfg=cfg.model, shardings=train_step.state_shardings.params
         )
-        state = train_state_from_params(params, optimizer, shardings)
+        state = train_state_from_params(params, optimizer, train_step.state_shardings)
     else:
+        rng = jax.random.key(cfg.train.seed)
         state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
-    logprob_fn = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=cfg.budget)
-    # logprob_fn's input shardings, computed as make_logprob_fn does, to feed it global arrays.
-    logprob_shardings = batch_shardings(
-        mesh,
-        activation_rules(cfg.mesh.rules, mesh, cfg.model),
-        cfg.budget,
-        LOGPROB_FIELDS,
-    )
+    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=cfg.budget)
     ref_params = None
     if cfg.loss.kl != "none":
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
         ref_params = jax.tree.map(jnp.copy, state.params)
-    engine = build_engine(cfg, state.params, mesh, state_shardings.params, workdir)
+    engine = build_engine(cfg, state.params, mesh, train_step.state_shardings.params, workdir)
     return Trainer(
         cfg=cfg,
         mesh=mesh,
@@ -414,10 +456,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         scheduler=TemperatureScheduler(cfg.temperature),
         data_iter=task.iterator(cfg.data.seed, cfg.train.prompts_per_step),
         train_step=train_step,
-        batch_shardings=dict(train_batch_shardings),
-        skip_key=SKIP_KEY,
-        logprob_fn=logprob_fn,
-        logprob_shardings=dict(logprob_shardings),
+        logprob=logprob,
         state=state,
         ref_params=ref_params,
     )
@@ -518,7 +557,7 @@ def run(cfg: RunConfig, workdir: str | Path) -> dict:
             metrics = rl_step(tr, step)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with _timed(metrics, "eval"):
-                    metrics.update(tasks.evaluate(tr, step))
+                    metrics.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, step))
             writer.write(step, metrics)
             if tr.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
                 status = "stopped: non-finite updates"

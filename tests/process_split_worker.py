@@ -42,9 +42,9 @@ def main() -> None:
     from dynamo_jax.rollout.process_split import ProcessSplitEngine
     from dynamo_jax.rollout.protocol import SamplingParams
     from dynamo_jax.rollout.sidecar_client import SidecarConfig, VLLMSidecarEngine
-    from dynamo_jax.sharding.forward import model_param_shardings
     from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
     from dynamo_jax.sharding.rules import DEFAULT_RULES
+    from dynamo_jax.step.forward import model_param_shardings
 
     mesh = build_mesh(MeshConfig(shape=(1, 2, 1)), jax.devices())
     cfg = ModelConfig.from_hf_config(hf_io.read_hf_config(ckpt))

@@ -41,7 +41,7 @@ def test_random_groups_match_reference(rows):
     padded_ids = np.pad(ids, (0, 16 - len(ids)))
     padded_r = np.pad(rewards, (0, 16 - len(ids)))
     valid = np.arange(16) < len(ids)
-    got = _jit_adv(padded_r, padded_ids, valid_S=valid, num_groups=6)
+    got = _jit_adv(padded_r, padded_ids, valid_B=valid, num_groups=6)
     want = ref.grpo_advantages(rewards, ids)
     np.testing.assert_allclose(np.asarray(got)[: len(ids)], want, rtol=1e-4, atol=1e-5)
     assert np.all(np.asarray(got)[len(ids) :] == 0.0)

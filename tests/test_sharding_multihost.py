@@ -31,8 +31,8 @@ from dynamo_jax.sharding.multihost import (
     resolve_distributed_config,
 )
 from dynamo_jax.sharding.rules import DEFAULT_RULES, batch_sharding, replicated
-from dynamo_jax.sharding.state import init_train_state
-from dynamo_jax.sharding.step import make_train_step
+from dynamo_jax.step.state import init_train_state
+from dynamo_jax.step.train_step import make_train_step
 
 
 def test_env_vars_fill_unset_fields_and_config_wins():

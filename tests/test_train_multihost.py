@@ -20,10 +20,10 @@ import pytest
 from processes import communicate_all
 
 from configs import tiny
-from dynamo_jax import train
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.metrics import read_metrics
+from dynamo_jax.step.optimizer import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -94,10 +94,10 @@ def _config():
 
 def _restore(workdir: Path):
     """(step, train state, host payload, meta) of the newest checkpoint, on one device."""
-    from dynamo_jax.sharding.state import abstract_train_state
+    from dynamo_jax.step.state import abstract_train_state
 
     cfg = _config()
-    optimizer = train.make_optimizer(cfg.optim, cfg.total_updates)
+    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
     abstract = {

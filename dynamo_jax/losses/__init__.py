@@ -5,7 +5,7 @@ Specification: ALGORITHM.md §1–4 and §7. All functions are pure and jittable
 How a train step uses this package (one optimizer mini-batch; rows = responses, [B, L]):
 
     cfg = LossConfig.preset("dynamo")                 # or "grpo", "clip_cov", ... (§7)
-    loss_fn = build_loss_fn(cfg)                      # baseline chosen once, here
+    loss_fn = build_loss_fn(cfg)                      # variant looked up once, here
 
     # log π, H (and K when cfg.needs_k) from final hidden states and the unembedding, at the
     # batch's temperature; inside a jit over a mesh with the vocab on the "tensor" axis:
@@ -26,10 +26,13 @@ log π/H of the whole mini-batch first: run a no-grad forward over it, then the 
 `LossConfig.stats_scope="micro_batch"` instead reproduces the authors' per-micro-batch
 statistics (normalisers stay mini-batch-global).
 
-Sequence advantages: `grpo_advantages(rewards_S, group_ids_S, ...)` (groups by prompt id,
-variable sizes) or `sequence_advantages(cfg, ...)`, which also covers W-REINFORCE.
+Sequence advantages: `grpo_advantages(rewards_B, group_ids_B, ...)` (groups by prompt id,
+variable sizes) or `sequence_advantages(cfg, ...)`, the configured variant's (W-REINFORCE's own).
 Clip-Cov needs `TokenBatch.noise` (U[0, 1) per token, drawn once per mini-batch); the KL
 penalty needs `TokenBatch.ref_logp`. Gradients flow through `logp` and `ent` only.
+
+Variants: each baseline is one `LossVariant` record (`registry.py`), the built-in ones in
+`variants.py`; `register(LossVariant(...))` adds one without touching anything else.
 
 Metrics: `finalize_metrics(combine_metrics(m1, m2))` → clip_frac_low/high, beta_comp_mean,
 beta_stab_mean, frac_damped, entropy_mean/min/max, approx_kl_mean, tokens, sequences, losses.
@@ -41,7 +44,7 @@ from dynamo_jax.losses.advantages import (
     w_reinforce_advantages,
 )
 from dynamo_jax.losses.batch import ModStats, TokenBatch
-from dynamo_jax.losses.config import BASELINES, LossConfig
+from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.losses.logprobs import (
     naive_token_logprobs_entropy,
     sharded_token_logprobs_entropy,
@@ -55,11 +58,14 @@ from dynamo_jax.losses.policy import (
     finalize_metrics,
     policy_loss,
 )
+from dynamo_jax.losses.registry import LossVariant, register
 from dynamo_jax.losses.stats import minibatch_stats
+from dynamo_jax.losses.variants import BASELINES
 
 __all__ = [
     "BASELINES",
     "LossConfig",
+    "LossVariant",
     "ModStats",
     "TokenBatch",
     "beta_comp",
@@ -74,6 +80,7 @@ __all__ = [
     "modulate",
     "naive_token_logprobs_entropy",
     "policy_loss",
+    "register",
     "sequence_advantages",
     "sharded_token_logprobs_entropy",
     "token_logprobs_entropy",

@@ -1,7 +1,8 @@
 """`LossConfig`: every hyperparameter of the policy loss, validated once (ALGORITHM.md §3, §4, §7).
 
-Use `LossConfig.preset(name, **overrides)` to get a baseline with its published
-hyperparameters; the plain constructor gives the DynaMO defaults.
+Use `LossConfig.preset(name, **overrides)` to get a loss variant with its published
+hyperparameters (the variants and their sources are in `losses/variants.py`); the plain
+constructor gives the DynaMO defaults.
 """
 
 from __future__ import annotations
@@ -9,50 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-BASELINES = (
-    "grpo",
-    "dynamo",
-    "clip_higher",
-    "entropy_loss",
-    "fork_tokens",
-    "entropy_adv",
-    "clip_cov",
-    "kl_cov",
-    "w_reinforce",
-)
+from dynamo_jax.losses import registry
+
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ENTROPY_CHANGE_MODES = ("exact", "sequence_mean")
 STATS_SCOPES = ("global", "micro_batch")
 KL_ESTIMATORS = ("none", "k1", "k3")
 # Must equal logprobs.LOGITS_RESIDUALS (a test checks; config stays import-light).
 LOGITS_RESIDUALS = ("recompute", "store_bf16", "store_fp32")
-
-# Published defaults per baseline (§7). Sources:
-#   grpo:         DeepSeekMath (Shao et al. 2024), ε = 0.2 both sides; token-mean as in DynaMO.
-#   dynamo:       DynaMO authors' scripts: ε_low 0.2, effective ε_high 0.28 (their 0.2 × 1.4),
-#                 dual clip c = 10, tied α = 0.4, γ = 50, τ = 0.9.
-#   clip_higher:  DAPO (Yu et al. 2025), ε_low 0.2, ε_high 0.28.
-#   entropy_loss: verl's entropy_coeff default 1e-3.
-#   fork_tokens:  "Beyond the 80/20 Rule" (Wang et al. 2025), top ρ = 20% entropy tokens.
-#   entropy_adv:  "Reasoning with Exploration: An Entropy Perspective" (Cheng et al. 2025),
-#                 κ_1 = 0.4, κ_2 = 2.
-#   clip_cov, kl_cov: "The Entropy Mechanism of RL for Reasoning LMs" (Cui et al. 2025):
-#                 Clip-Cov r = 2e-4, ω ∈ (1, 5); KL-Cov k = 2e-3 (Qwen2.5-7B), β = 1.
-#   w_reinforce:  "The Surprising Effectiveness of Negative Reinforcement" (Zhu et al. 2025), λ = 0.1.
-_PRESETS: dict[str, dict] = {
-    "grpo": dict(clip_low=0.2, clip_high=0.2, dual_clip=None),
-    "dynamo": dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, alpha=0.4, gamma=50.0, tau=0.9),
-    "clip_higher": dict(clip_low=0.2, clip_high=0.28, dual_clip=None),
-    "entropy_loss": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, entropy_coef=1e-3),
-    "fork_tokens": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, fork_top_ratio=0.2),
-    "entropy_adv": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, ent_adv_kappa1=0.4,
-                        ent_adv_kappa2=2.0),
-    "clip_cov": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, clip_cov_ratio=2e-4,
-                     clip_cov_lb=1.0, clip_cov_ub=5.0),
-    "kl_cov": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_cov_ratio=2e-3,
-                   kl_cov_coef=1.0),
-    "w_reinforce": dict(clip_low=0.2, clip_high=0.2, dual_clip=None, w_reinforce_lambda=0.1),
-}  # fmt: skip
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -69,7 +34,7 @@ def _check(name: str, ok: bool, what: str, value) -> None:
 class LossConfig:
     """Policy-loss hyperparameters. Defaults are the DynaMO preset."""
 
-    baseline: str = "dynamo"
+    baseline: str = "dynamo"  # a registered loss variant (losses/variants.py)
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float | None = 10.0  # c > 1, applies to Â < 0; None disables
@@ -77,7 +42,7 @@ class LossConfig:
     # GRPO advantages (R − mean) / (std + ε); False = Dr.GRPO's R − mean (ALGORITHM.md §2).
     norm_adv_by_std: bool = True
     max_len_norm: int | None = None  # constant divisor of seq-mean-token-sum-norm (Dr.GRPO)
-    # DynaMO modulation (§4); only read when baseline == "dynamo".
+    # DynaMO modulation (§4); only read by the "dynamo" variant.
     enable_gc: bool = True
     enable_ums: bool = True
     alpha: float = 0.4
@@ -87,7 +52,7 @@ class LossConfig:
     tau: float = 0.9
     entropy_change: str = "exact"
     stats_scope: str = "global"
-    # Baseline hyperparameters (§7); each is only read by its own baseline.
+    # Baseline hyperparameters (§7); each is only read by its own variant.
     entropy_coef: float = 1e-3
     fork_top_ratio: float = 0.2
     ent_adv_kappa1: float = 0.4
@@ -107,7 +72,7 @@ class LossConfig:
     logits_residual: str = "recompute"
 
     def __post_init__(self):
-        _choice("baseline", self.baseline, BASELINES)
+        _choice("baseline", self.baseline, registry.names())
         _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         _choice("entropy_change", self.entropy_change, ENTROPY_CHANGE_MODES)
         _choice("stats_scope", self.stats_scope, STATS_SCOPES)
@@ -162,10 +127,10 @@ class LossConfig:
     @property
     def needs_k(self) -> bool:
         """Whether the step must ask the log-prob pass for K (exact ΔH of §4.2)."""
-        return self.baseline == "dynamo" and self.enable_ums and self.entropy_change == "exact"
+        return bool(registry.get(self.baseline).needs_k(self))
 
     @classmethod
     def preset(cls, baseline: str, **overrides) -> LossConfig:
-        """The baseline's published hyperparameters, then `overrides` on top."""
-        _choice("baseline", baseline, BASELINES)
-        return cls(baseline=baseline, **{**_PRESETS[baseline], **overrides})
+        """The variant's published hyperparameters, then `overrides` on top."""
+        _choice("baseline", baseline, registry.names())
+        return cls(baseline=baseline, **{**registry.get(baseline).preset, **overrides})

@@ -1,6 +1,6 @@
 """Policy loss of one micro-batch, normalised over the whole mini-batch (ALGORITHM.md §3, §4, §7).
 
-`build_loss_fn(cfg)` picks the baseline's advantage and per-token loss ONCE and returns
+`build_loss_fn(cfg)` looks up the configured variant (losses/registry.py) ONCE and returns
 `loss_fn(batch, stats) -> (loss, metrics)`; `policy_loss(batch, stats, cfg)` is the same
 thing in one call. The loss is divided by the mini-batch normaliser from `stats`, so summing
 the losses (and gradients) of the micro-batches gives the mini-batch loss exactly.
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dynamo_jax.losses import baselines
+from dynamo_jax.losses import registry
 from dynamo_jax.losses.batch import (
     ModStats,
     TokenBatch,
@@ -29,7 +29,7 @@ from dynamo_jax.losses.batch import (
     masked_sum,
 )
 from dynamo_jax.losses.config import LossConfig
-from dynamo_jax.losses.modulation import DAMPED_BELOW, modulate, modulation_stats
+from dynamo_jax.losses.modulation import DAMPED_BELOW
 
 LossFn = Callable[[TokenBatch, ModStats], tuple[jax.Array, dict]]
 
@@ -60,62 +60,15 @@ def reference_kl(logp, ref_logp, estimator: str):
     return k1 if estimator == "k1" else jnp.exp(-k1) + k1 - 1.0
 
 
-def _advantage_fn(cfg: LossConfig):
-    """Per-token Â (and β_comp, β_stab for the metrics) for the configured baseline."""
-    if cfg.baseline == "dynamo":
-
-        def dynamo(batch, stats):
-            h_min, h_max, xi_max = stats.h_min, stats.h_max, stats.xi_max
-            if cfg.stats_scope == "micro_batch":  # authors' per-micro-batch parity mode (§4.3)
-                h_min, h_max, xi_max = modulation_stats(batch, cfg)
-            return modulate(batch, h_min, h_max, xi_max, cfg)
-
-        return dynamo
-    if cfg.baseline == "entropy_adv":
-
-        def entropy_adv(batch, stats):
-            ones = jnp.ones_like(batch.adv, dtype=jnp.float32)
-            adv = baselines.entropy_adv_advantage(
-                batch.adv, batch.ent, cfg.ent_adv_kappa1, cfg.ent_adv_kappa2
-            )
-            return adv, ones, ones
-
-        return entropy_adv
-
-    def plain(batch, stats):
-        ones = jnp.ones_like(batch.adv, dtype=jnp.float32)
-        return jnp.asarray(batch.adv, jnp.float32), ones, ones
-
-    return plain
+def plain_advantages(batch: TokenBatch, stats: ModStats, cfg: LossConfig):
+    """Â = A (no token-level transform); β_comp = β_stab = 1 for the metrics."""
+    ones = jnp.ones_like(batch.adv, dtype=jnp.float32)
+    return jnp.asarray(batch.adv, jnp.float32), ones, ones
 
 
-def _token_loss_fn(cfg: LossConfig):
-    """Per-token policy-gradient loss ℓ_t(batch, stats, Â, r, log r) for the baseline."""
-    surrogate = lambda adv_hat, r: clipped_surrogate(
-        adv_hat, r, cfg.clip_low, cfg.clip_high, cfg.dual_clip
-    )
-    if cfg.baseline == "fork_tokens":
-        return lambda b, s, a, r, lr: jnp.where(
-            lax.stop_gradient(b.ent) >= s.threshold, surrogate(a, r), 0.0
-        )
-    if cfg.baseline == "clip_cov":
-
-        def clip_cov(b, s, a, r, lr):
-            r_sg = lax.stop_gradient(r)
-            cand = baselines.clip_cov_candidates(b, r_sg, s.logp_mean, s.adv_mean, cfg)
-            detached = cand & (baselines.require_noise(b) <= s.threshold)
-            return jnp.where(detached, 0.0, surrogate(a, r))
-
-        return clip_cov
-    if cfg.baseline == "kl_cov":
-
-        def kl_cov(b, s, a, r, lr):
-            cov = baselines.token_covariance(b.logp, b.adv, s.logp_mean, s.adv_mean)
-            penalised = as_mask(b.mask) & (cov >= s.threshold)
-            return -a * r + jnp.where(penalised, cfg.kl_cov_coef * jnp.abs(lr), 0.0)
-
-        return kl_cov
-    return lambda b, s, a, r, lr: surrogate(a, r)
+def surrogate_loss(batch: TokenBatch, stats: ModStats, adv_hat, r, log_r, cfg: LossConfig):
+    """The clipped surrogate ℓ_t of §3 (with the dual clip when configured)."""
+    return clipped_surrogate(adv_hat, r, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
 
 
 def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
@@ -140,21 +93,23 @@ def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
 
 
 def build_loss_fn(cfg: LossConfig) -> LossFn:
-    """Choose the baseline once; return `loss_fn(batch, stats) -> (loss, metrics)` (jittable)."""
-    advantage = _advantage_fn(cfg)
-    token_loss = _token_loss_fn(cfg)
+    """Look the variant up once; return `loss_fn(batch, stats) -> (loss, metrics)` (jittable)."""
+    variant = registry.get(cfg.baseline)
+    advantage = variant.token_advantages or plain_advantages
+    token_loss = variant.token_loss or surrogate_loss
 
     def loss_fn(batch: TokenBatch, stats: ModStats):
         mask = as_mask(batch.mask)
         lr = log_ratio(batch.logp, batch.old_logp, mask)
         r = jnp.exp(lr)
-        adv_hat, b_comp, b_stab = advantage(batch, stats)
-        pg_loss = aggregate(token_loss(batch, stats, adv_hat, r, lr), mask, stats, cfg)
+        adv_hat, b_comp, b_stab = advantage(batch, stats, cfg)
+        pg_loss = aggregate(token_loss(batch, stats, adv_hat, r, lr, cfg), mask, stats, cfg)
         parts = {"pg_loss": pg_loss}
         loss = pg_loss
-        if cfg.baseline == "entropy_loss":
-            parts["entropy_loss"] = aggregate(batch.ent, mask, stats, cfg)
-            loss = loss - cfg.entropy_coef * parts["entropy_loss"]
+        if variant.extra_loss is not None:
+            name, value, coef = variant.extra_loss(batch, mask, stats, cfg, aggregate)
+            parts[name] = value
+            loss = loss + coef * value
         if cfg.kl != "none":
             if batch.ref_logp is None:
                 raise ValueError(f"LossConfig.kl={cfg.kl!r} needs TokenBatch.ref_logp")

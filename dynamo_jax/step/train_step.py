@@ -1,7 +1,7 @@
 """The one jitted, sharded optimizer step: forward → log π/H/K → DynaMO loss → grads → optax.
 
     train_step, state_shardings, batch_shardings = make_train_step(
-        model_cfg, loss_cfg, optimizer, mesh, rules, batch_size=B, micro_batches=M)
+        model_cfg, loss_cfg, optimizer, mesh, rules, batch_size=B, micro_batches=M, seed=seed)
     state = init_train_state(model_cfg, optimizer, mesh, rules, rng)      # state.py
     state, metrics = train_step(state, batch)      # batch: forward.py's convention
 
@@ -21,6 +21,12 @@ M > 1; with M = 1 the statistics come from the same forward, under stop-gradient
 Micro-batch m takes rows m, m + M, m + 2M, ... (`forward.split_micro`): each device's
 contiguous rows then contribute equally to every micro-batch, so splitting moves no data.
 
+The loss variant (losses/registry.py) is looked up once here: it decides whether the log-prob
+pass also returns K, and whether the step draws Clip-Cov's per-token U[0, 1) noise. That noise
+comes from `seed` folded with the state's update counter on the device, drawn for the whole
+mini-batch before any micro-batch split, so the loop knows nothing about it and the pick does not
+depend on how the mini-batch is split or sharded.
+
 Non-finite loss or gradients: the update is not applied (params, optimizer state and `step` are
 kept via `jnp.where` on a finite flag) and `metrics["update_skipped"]` is 1; the training loop
 counts consecutive skips.
@@ -29,8 +35,8 @@ counts consecutive skips.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +52,12 @@ from dynamo_jax.losses import (
     combine_metrics,
     finalize_metrics,
     minibatch_stats,
+    registry,
 )
 from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE
 from dynamo_jax.models.config import ModelConfig
-from dynamo_jax.sharding.forward import (
+from dynamo_jax.sharding.rules import LogicalRules, batch_sharding, replicated, rule_axes
+from dynamo_jax.step.forward import (
     TRAIN_FIELDS,
     activation_rules,
     batch_shardings,
@@ -57,23 +65,30 @@ from dynamo_jax.sharding.forward import (
     token_stats,
     unsplit_micro,
 )
-from dynamo_jax.sharding.rules import LogicalRules, batch_sharding, replicated, rule_axes
-from dynamo_jax.sharding.state import TrainState, train_state_shardings
+from dynamo_jax.step.state import TrainState, train_state_shardings
 
 Array = jax.Array
+
+
+class TrainStep(NamedTuple):
+    """What `make_train_step` builds: the jitted step and the shardings it takes and returns."""
+
+    fn: Callable  # (state, batch) -> (state, metrics); the state is donated
+    state_shardings: TrainState  # of NamedSharding
+    batch_shardings: dict[str, NamedSharding]  # field -> sharding of the mini-batch it takes
+
+
+NOISE_STREAM = 1  # folded into the step key for Clip-Cov's token pick
 
 
 def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
     """The batch fields the step reads for this loss (forward.py documents each).
 
-    `ref_logp` is needed when the loss has a KL penalty; `noise` ([B, L] uniform in [0, 1),
-    drawn once per mini-batch by the caller) for the Clip-Cov baseline's random pick.
+    `ref_logp` is needed when the loss has a KL penalty; a variant may ask for more.
     """
-    fields = TRAIN_FIELDS
+    fields = TRAIN_FIELDS + registry.get(loss_cfg.baseline).batch_fields
     if loss_cfg.kl != "none":
         fields += ("ref_logp",)
-    if loss_cfg.baseline == "clip_cov":
-        fields += ("noise",)
     return fields
 
 
@@ -168,11 +183,12 @@ def make_train_step(
     batch_size: int,
     micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
-):
+    seed: int = 0,
+) -> TrainStep:
     """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
 
-    Returns (train_step, state_shardings: TrainState of NamedSharding, batch_shardings: dict
-    field → NamedSharding). `batch_size` is the global mini-batch size (rows); it and each
+    Returns a `TrainStep` (fn, state_shardings, batch_shardings; it unpacks like a tuple).
+    `seed` keys the variant's on-device randomness. `batch_size` is the global mini-batch size (rows); it and each
     micro-batch (batch_size / micro_batches rows) must split evenly over the `act_batch` axes.
     Metrics: `finalize_metrics` of the losses (loss, pg_loss, clip fractions, β means, entropy
     mean/min/max, tokens, ...) plus `grad_norm` (before clipping) and `update_skipped`.
@@ -199,8 +215,15 @@ def make_train_step(
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
     compute_grads = _make_compute_grads(forward, loss_cfg, micro_batches, row_sh, state_sh.params)
 
+    variant = registry.get(loss_cfg.baseline)
+    noise_key = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
+
     def step(state: TrainState, batch: dict[str, Array]):
         rows = {k: v for k, v in batch.items() if k != "temperature"}
+        if variant.needs_noise:  # one draw per update, over the whole mini-batch
+            key = jax.random.fold_in(noise_key, state.step)
+            noise = jax.random.uniform(key, rows["tokens"].shape, jnp.float32)
+            rows["noise"] = lax.with_sharding_constraint(noise, batch_sh["tokens"])
         loss, metrics, grads = compute_grads(state.params, rows, batch["temperature"])
         grads = lax.with_sharding_constraint(grads, state_sh.params)
         finite = _all_finite(loss, grads)
@@ -215,4 +238,4 @@ def make_train_step(
         out_shardings=(state_sh, replicated(mesh)),
         donate_argnums=0,
     )
-    return train_step, state_sh, batch_sh
+    return TrainStep(train_step, state_sh, batch_sh)

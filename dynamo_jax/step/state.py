@@ -18,8 +18,8 @@ from jax.sharding import Mesh
 
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.qwen import init_params, param_shapes
-from dynamo_jax.sharding.forward import model_param_shardings
 from dynamo_jax.sharding.rules import LogicalRules, opt_state_shardings, replicated
+from dynamo_jax.step.forward import model_param_shardings
 
 
 class TrainState(flax.struct.PyTreeNode):

@@ -1,4 +1,4 @@
-"""The jitted sharded train step (dynamo_jax/sharding/step.py, forward.py, state.py).
+"""The jitted sharded train step (dynamo_jax/step/train_step.py, forward.py, state.py).
 
 Oracle: the same model and loss on ONE device, and, for that single-device step itself, a direct
 full-softmax computation (model logits → log_softmax(z / T) → losses) differentiated by jax.grad.
@@ -20,11 +20,11 @@ from jax.sharding import PartitionSpec as P
 from dynamo_jax.losses import LossConfig, TokenBatch, build_loss_fn, minibatch_stats
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
-from dynamo_jax.sharding.forward import activation_rules, make_logprob_fn, model_param_shardings
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.sharding.rules import DEFAULT_RULES
-from dynamo_jax.sharding.state import train_state_from_params
-from dynamo_jax.sharding.step import make_train_step
+from dynamo_jax.step.forward import activation_rules, make_logprob_fn, model_param_shardings
+from dynamo_jax.step.state import train_state_from_params
+from dynamo_jax.step.train_step import make_train_step
 
 B, L = 8, 16
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 2, 4)]
@@ -227,6 +227,28 @@ def test_micro_batching_does_not_change_the_update(setups):
     for key in ("tokens", "beta_comp_mean", "beta_stab_mean", "entropy_min", "entropy_max"):
         np.testing.assert_allclose(float(metrics[key]), ref_metrics[key], rtol=2e-5, err_msg=key)
     assert int(new_state.step) == 1
+
+
+# Clip-Cov with a wide band and a 20% pick so its random detaching touches many tokens.
+CLIP_COV = LossConfig.preset("clip_cov", clip_cov_ratio=0.2, clip_cov_lb=-1e3, clip_cov_ub=1e3)
+
+
+@pytest.mark.parametrize("mesh_shape,micro", [((2, 2, 2), 1), ((1, 1, 1), 2)])
+def test_clip_cov_noise_drawn_on_device_does_not_depend_on_layout(setups, mesh_shape, micro):
+    """Clip-Cov's per-token noise comes from the step's key (no batch field): the same update on
+    one device, on a (2,2,2) mesh and with two micro-batches; and it does detach tokens (the
+    loss differs from the plain surrogate's)."""
+    ref_loss, ref_grads, _, ref_metrics, _, _ = run_step(
+        setups, "tiny-qwen3", (1, 1, 1), loss_cfg=CLIP_COV
+    )
+    loss, grads, _, metrics, _, _ = run_step(
+        setups, "tiny-qwen3", mesh_shape, micro_batches=micro, loss_cfg=CLIP_COV
+    )
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_trees_close(grads, ref_grads, GRAD_TOL)
+    plain = LossConfig.preset("grpo")
+    plain_loss = run_step(setups, "tiny-qwen3", (1, 1, 1), loss_cfg=plain)[0]
+    assert abs(ref_loss - plain_loss) > 1e-4 * abs(plain_loss)
 
 
 def test_non_finite_loss_skips_the_update(setups):

@@ -26,8 +26,8 @@ axes, vocabulary over the `act_vocab` axis).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -165,6 +165,19 @@ def unsplit_micro(x_MxBx: Array) -> Array:
     return x_MxBx.swapaxes(0, 1).reshape((-1,) + x_MxBx.shape[2:])
 
 
+class LogprobFn(NamedTuple):
+    """What `make_logprob_fn` builds: the jitted forward and the shardings of the batch it takes.
+
+    Calling it calls `fn` with only the fields it reads (`batch_shardings`' keys).
+    """
+
+    fn: Callable  # (params, batch) -> (logp_BxL, entropy_BxL)
+    batch_shardings: dict[str, NamedSharding]  # field -> sharding of the whole-rollout batch
+
+    def __call__(self, params, batch):
+        return self.fn(params, {f: batch[f] for f in self.batch_shardings})
+
+
 def make_logprob_fn(
     model_cfg: ModelConfig,
     mesh: Mesh,
@@ -173,7 +186,7 @@ def make_logprob_fn(
     batch_size: int,
     micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
-):
+) -> LogprobFn:
     """A jitted `fn(params, batch) -> (logp_BxL, entropy_BxL)` for old/reference log-probs.
 
     `batch` needs `tokens`, `positions`, `attention_mask`, `loss_mask` and `temperature` (module
@@ -217,9 +230,4 @@ def make_logprob_fn(
         in_shardings=(model_param_shardings(model_cfg, mesh, rules), in_batch),
         out_shardings=(out, out),
     )
-
-    @functools.wraps(fn)
-    def call(params, batch):
-        return jitted(params, {f: batch[f] for f in fields})
-
-    return call
+    return LogprobFn(jitted, dict(in_batch))
