@@ -28,8 +28,14 @@ from dynamo_jax.losses.config import BASELINES  # Table 1: one loss preset each
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "math"
 
-# Table 2: which DynaMO component is switched off.
-ABLATIONS = ("none", "no_dra", "no_gc", "no_ums", "no_modulation")
+# Table 2: which DynaMO components stay on, as (DRA, GC, UMS).
+ABLATIONS = {
+    "none": (True, True, True),
+    "no_dra": (False, True, True),
+    "no_gc": (True, False, True),
+    "no_ums": (True, True, False),
+    "no_modulation": (True, False, False),
+}
 
 # ---- DynaMO, paper Table 3 (ALGORITHM.md §9) ----
 DYNAMO_STEPS = 2000  # the authors' script: total_training_steps
@@ -125,10 +131,11 @@ def dynamo_config(
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     if ablation not in ABLATIONS:
-        raise ValueError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
+        raise ValueError(f"ablation must be one of {tuple(ABLATIONS)}, got {ablation!r}")
     if ablation != "none" and baseline != "dynamo":
         raise ValueError("ablations switch off parts of DynaMO: use them with baseline=dynamo")
-    dra = baseline == "dynamo" and ablation != "no_dra"
+    dra, gc, ums = ABLATIONS[ablation]
+    dra = dra and baseline == "dynamo"  # every Table 1 baseline samples uniformly
     if not dra and policy != "dynamo":
         raise ValueError(
             f"allocation={policy!r} picks the policy of DynaMO's DRA; baseline={baseline} "
@@ -154,8 +161,7 @@ def dynamo_config(
     # dual clip c = 10 are the dynamo preset's; token-mean; no entropy or KL term (kl="none").
     per_model = (dynamo_loss or {}) if baseline == "dynamo" else {}
     config.loss = base.loss(baseline, **per_model)
-    config.loss.enable_gc = ablation not in ("no_gc", "no_modulation")
-    config.loss.enable_ums = ablation not in ("no_ums", "no_modulation")
+    config.loss.enable_gc, config.loss.enable_ums = gc, ums
     config.allocation = base.allocation(
         policy if dra else "uniform", n_avg=DYNAMO_N_AVG, g_min=DYNAMO_G_MIN, g_max=DYNAMO_G_MAX
     )

@@ -207,6 +207,8 @@ def test_e3_configs_hold_the_papers_training_details(name, preset, devices, lr):
     )
     assert (run.loss.baseline, run.loss.clip_low, run.loss.clip_high) == ("grpo", 0.2, 0.2)
     assert run.loss.kl == "none"
+    # Not in the paper, read from the authors' verl actor: dual clip c = 3, weight decay 0.01.
+    assert (run.loss.dual_clip, run.optim.weight_decay, run.optim.max_grad_norm) == (3.0, 0.01, 1.0)
     # Evaluation: 16 samples per problem at T = 1, pass@1 and pass@16.
     assert (run.eval.n_samples, run.eval.ks, run.eval.max_problems) == (16, (1, 16), 0)
     assert run.dry_run.num_devices == devices and run.dry_run.device_memory_gb == 80.0
