@@ -22,7 +22,7 @@ from pathlib import Path
 from dynamo_jax.data import load_rows
 from dynamo_jax.rewards import RewardConfig, RewardPool, score_one
 
-TRAIN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math" / "train.parquet"
+TRAIN = Path(__file__).resolve().parents[1] / "data" / "math" / "train.parquet"
 
 
 def _wrong(gold: str, rng: random.Random, golds: list[str]) -> str:

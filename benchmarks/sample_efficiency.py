@@ -18,13 +18,16 @@ GRPO steps to 0.9. `--diagnose` also prints, for every run, the problems whose f
 answer is wrong (the final policy's first-token distribution per problem). `--warm_start K`
 starts every run from the policy GRPO reaches in K steps (one shared run, exported as an HF
 directory): the regime of the papers, which fine-tune pretrained models that already solve
-part of each prompt, where a random start has p ≈ 1/32 on every prompt.
+part of each prompt, where a random start has p ≈ 1/32 on every prompt. The output names the
+commit it ran at and whether the tree had uncommitted changes, so a table copied from it can
+cite its code.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +42,26 @@ METHODS = ("grpo", "dynamo", "e3", "dynamo_no_dra", "dynamo_no_modulation")
 # would favour DynaMO, which gives more rollouts to some prompts than to others.
 METRIC = "reward/prompt_mean"
 WINDOW = 5
+
+
+def source_revision() -> str:
+    """The commit the benchmark runs at, and whether the tree differs from it (tables cite it)."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "commit unknown (not a git checkout)"
+    return f"commit {commit}" + (
+        " + uncommitted changes to tracked files (dirty tree)" if dirty else " (clean tree)"
+    )
 
 
 def steps_to_target(rewards: list[float], target: float) -> int | None:
@@ -138,6 +161,9 @@ def main() -> None:
     args = parser.parse_args()
     import numpy as np
 
+    revision = source_revision()
+    print(f"sample_efficiency at {revision}: {' '.join(sys.argv[1:]) or '(defaults)'}", flush=True)
+
     targets = [float(t) for t in args.targets.split(",")]
     methods = [m for m in args.methods.split(",") if m]
     if "grpo" not in methods:
@@ -173,6 +199,7 @@ def main() -> None:
     print(
         f"\ntask {args.task}"
         + (f", from GRPO's step-{args.warm_start} policy" if args.warm_start else "")
+        + f" ({revision})"
         + f": median steps to the per-prompt mean reward ({args.seeds} seeds, "
         f"{args.steps} steps, equal budget; a miss counts as {args.steps + 1}); ratio to GRPO; "
         "misses:"

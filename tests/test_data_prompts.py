@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from dynamo_jax.data import QWEN_MATH_SYSTEM_PROMPT, DataConfig, build_prompts, load_rows
 from dynamo_jax.data.rows import Row
 
-MATH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math"
+MATH = Path(__file__).resolve().parents[1] / "data" / "math"
 
 # Qwen2.5's message layout (without its default system prompt and tool branches).
 TEMPLATE = (

@@ -12,7 +12,7 @@ import pytest
 from dynamo_jax.data.readers import DataError, load_files, load_rows, read_rows
 from dynamo_jax.data.rows import content_id
 
-MATH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math"
+MATH = Path(__file__).resolve().parents[1] / "data" / "math"
 
 
 @pytest.fixture(scope="module")
