@@ -239,6 +239,11 @@ def check_cross_fields(run: RunConfig) -> None:
         raise ValueError(
             f"temperature.total_steps ({temp.total_steps}) must equal train.steps ({train.steps})"
         )
+    if run.max_seq_len > run.model.max_position_embeddings:
+        raise ValueError(
+            f"data.max_prompt_tokens + rollout.max_new_tokens = {run.max_seq_len} exceeds the "
+            f"model's context, model.max_position_embeddings = {run.model.max_position_embeddings}"
+        )
 
 
 def to_json_dict(run: RunConfig) -> dict:

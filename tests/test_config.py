@@ -53,3 +53,12 @@ def test_parse_arg_of_config_files():
     }
     with pytest.raises(ValueError, match="basline"):
         parse_arg("basline=grpo", baseline="dynamo")
+
+
+def test_sequences_longer_than_the_model_context_are_refused():
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.rollout.max_new_tokens = config.model.max_position_embeddings
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        C.from_config_dict(config)
