@@ -199,6 +199,16 @@ def test_as_run_fill_scaled_exploration_when_it_exceeds_the_budget():
     assert n.tolist() == [2, 3, 3, 2]
 
 
+def test_as_run_fill_scales_unequal_exploration_in_proportion():
+    # G = (0, 5, 10), [2, 12], explore_to 8 -> b = 8: exploration needs (8, 3, 0) = 11 > B = 9.
+    # Scaled: ⌊8·9/11⌋ = ⌊6.55⌋ = 6, ⌊3·9/11⌋ = ⌊2.45⌋ = 2, 0 -> max(·, 2) = (6, 2, 2) = 10,
+    # one unit off the largest -> (5, 2, 2). (Cutting (8, 3, 2) from the top alone would give
+    # (4, 3, 2).)
+    prio = np.array([-1.0, -1.0, 0.3])
+    n = as_run_fill(np.array([0, 5, 10]), prio, np.arange(3), 9, 2, 12, 8)
+    assert n.tolist() == [5, 2, 2]
+
+
 def test_as_run_fill_keeps_n_low_where_their_raise_would_not():
     # **Choice**: G = (0, 0, 10, 10), [2, 8], b = 4 > n_low, B = 9. Exploration (4, 4, 0, 0)
     # = 8 fits, but raising the others to 2 needs 4 more than the 1 left; their code would
@@ -225,7 +235,11 @@ def test_as_run_fill_matches_scalar_transcription(size, lo, width, explore_to, d
     gen = np.array(data.draw(st.lists(st.integers(0, 30), min_size=size, max_size=size)))
     frac = np.array(data.draw(st.lists(st.floats(0, 1), min_size=size, max_size=size)))
     prio = as_run_priority(gen, np.floor(gen * frac))
-    budget = data.draw(st.integers(size * lo, size * hi))
+    # tight budgets too, where the exploration does not fit
+    budget = data.draw(
+        st.one_of(st.integers(size * lo, size * hi), st.integers(size * lo, size * (lo + 2)))
+    )
+    budget = min(budget, size * hi)
     keys = np.array(data.draw(st.permutations(range(size))))
     got = as_run_fill(gen, prio, keys, budget, lo, hi, explore_to)
     expected = ref_as_run_fill(
