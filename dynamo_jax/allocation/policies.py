@@ -285,7 +285,23 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
 
 
 class E3Allocator:
-    """E3 rank allocation: harder prompts (larger k_i) get more, within the epoch's bounds."""
+    """E3 rank allocation: harder prompts (larger k_i) get more, within the epoch's bounds.
+
+    The paper's rule (ALGORITHM.md §6): ranks re-computed at each epoch end
+    (`e3_difficulty_rank`), the split by `proportional_fill`, the bounds widening from [G, G]
+    by `e3_curriculum_step` per epoch (`e3_bounds`; the authors' `n_update = 2`).
+    **Code differs** (LiaoMengqi/E3-RL4LLMs at 7e90b8e, `get_rollout_n_per_prompt` and
+    `RLHFDataset.update_rank`), not reproduced here (no parity mode):
+    - ranks from 0 over the whole dataset, unseen prompts as mean reward 0, ties in dataset
+      order (see `e3_difficulty_rank`);
+    - the proportional part divides by Σk + 1e-8, so an exactly integral share floors one low,
+      and it is not capped at G_max (a prompt can exceed the epoch's G_max);
+    - the leftover goes greedily, min(left, G_max − n_i) to the hardest prompt, then the next,
+      rather than one unit per prompt per pass; when every prompt is at G_max the rest is
+      silently dropped (Σ n_i < B), where here the shortfall is reported;
+    - the curriculum is the same: G_min = G_max = G in the first epoch, then −2 / +2 per epoch
+      up to the configured limits.
+    """
 
     def __init__(self, cfg: AllocationConfig):
         self.cfg = cfg

@@ -165,7 +165,9 @@ def proportional_fill(
     """E3: n_i = lo + ⌊(B − N·lo) k_i / Σk⌋ (capped at hi), leftover one by one in descending k.
 
     The leftover cycles through the prompts (one unit each per pass) in descending k,
-    skipping those at hi. Needs N·lo <= budget <= N·hi.
+    skipping those at hi. Needs N·lo <= budget <= N·hi. (The E3 authors' code divides by
+    Σk + 1e-8, does not cap at hi, and gives the leftover greedily to the hardest prompt up to
+    hi; see `E3Allocator`.)
     """
     k = np.asarray(score, dtype=np.float64)
     rem = int(budget) - k.size * lo
