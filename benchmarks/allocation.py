@@ -13,6 +13,11 @@ updates the history, and calls `on_epoch_end` after each pass. Printed, each as 
   estimates, σ_i² = p_i (1 − p_i), over uniform's Σ σ_i² / n_avg (summed over steps); the
   paper's Appendix C optimum (Σσ)² / (N Σσ²) of the same batches is printed as the bound.
 
+Policies: uniform, DynaMO's Alg. 1 (dynamo), the allocation the DynaMO authors' script runs
+(dynamo_as_run), the DynaMO recipe's other heuristic (dynamo_released), E3, and the §5b options
+of dynamo (posterior priority, n_i ∝ σ_i, both). The entropy factor is left out: the simulated
+pool has no token entropies.
+
 Target (issue 5): dynamo's wasted share <= 0.7 × uniform's.
 
     python benchmarks/allocation.py [--prompts 10000] [--steps 200] [--batch 256] [--seed 0]
@@ -27,7 +32,17 @@ import numpy as np
 
 from dynamo_jax.allocation import AllocationConfig, make_allocator, make_history
 
-POLICIES = ("uniform", "dynamo", "dynamo_released", "e3")
+# name -> the AllocationConfig fields besides the bounds (shared, from the command line)
+POLICIES = {
+    "uniform": {"policy": "uniform"},
+    "dynamo": {"policy": "dynamo"},
+    "dynamo_as_run": {"policy": "dynamo_as_run"},
+    "dynamo_released": {"policy": "dynamo_released"},
+    "e3": {"policy": "e3"},
+    "dynamo_posterior": {"policy": "dynamo", "priority": "posterior"},
+    "dynamo_std": {"policy": "dynamo", "allocate_by": "std"},
+    "dynamo_posterior_std": {"policy": "dynamo", "priority": "posterior", "allocate_by": "std"},
+}
 
 
 def success_rates(num: int, rng: np.random.Generator) -> np.ndarray:
@@ -51,8 +66,8 @@ class Totals:
     later_wasted: int = 0
 
 
-def simulate(policy: str, p_true: np.ndarray, args) -> Totals:
-    cfg = AllocationConfig(policy=policy, n_avg=args.n_avg, g_min=args.g_min, g_max=args.g_max)
+def simulate(fields: dict, p_true: np.ndarray, args) -> Totals:
+    cfg = AllocationConfig(n_avg=args.n_avg, g_min=args.g_min, g_max=args.g_max, **fields)
     allocator, history = make_allocator(cfg), make_history(cfg, p_true.size)
     order_rng = np.random.default_rng(args.seed + 1)  # same prompt order for every policy
     reward_rng = np.random.default_rng(args.seed + 2)
@@ -103,7 +118,7 @@ def main() -> None:
         f"p>0.95: {np.mean(p_true > 0.95):.0%}), {args.steps} steps x {args.batch} prompts "
         f"(~{epochs:.1f} epochs), n_avg={args.n_avg}, G in [{args.g_min}, {args.g_max}]"
     )
-    results = {policy: simulate(policy, p_true, args) for policy in POLICIES}
+    results = {name: simulate(fields, p_true, args) for name, fields in POLICIES.items()}
     base = results["uniform"]
     base_waste = base.wasted / base.rollouts
     print(
@@ -112,7 +127,7 @@ def main() -> None:
         f"{base.optimal_variance / base.uniform_variance:.4f}"
     )
     print(
-        f"{'policy':<16}{'wasted share':>14}{'(after ep. 1)':>15}{'signal prompts':>16}"
+        f"{'policy':<22}{'wasted share':>14}{'(after ep. 1)':>15}{'signal prompts':>16}"
         f"{'variance':>10}{'shortfall':>11}   (ratios to uniform)"
     )
     base_later = base.later_wasted / max(base.later_rollouts, 1)
@@ -122,7 +137,7 @@ def main() -> None:
         signal = t.signal_prompts / base.signal_prompts
         variance = t.variance / t.uniform_variance
         print(
-            f"{policy:<16}{waste:>14.3f}{later:>15.3f}{signal:>16.3f}{variance:>10.3f}"
+            f"{policy:<22}{waste:>14.3f}{later:>15.3f}{signal:>16.3f}{variance:>10.3f}"
             f"{t.shortfall:>11d}"
         )
     ratio = (results["dynamo"].wasted / results["dynamo"].rollouts) / base_waste

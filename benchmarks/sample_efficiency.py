@@ -4,6 +4,7 @@
     python benchmarks/sample_efficiency.py --methods grpo,dynamo --jobs 2
     python benchmarks/sample_efficiency.py --task mixed --steps 300 --jobs 2 --diagnose
     python benchmarks/sample_efficiency.py --task mixed --warm_start 100 --steps 150 --jobs 2
+    python benchmarks/sample_efficiency.py --methods grpo,dynamo,dynamo_posterior_std --jobs 2
 
 Runs configs/tiny.py (its `task`: max, or mixed copy/max/min) once per (method, seed) with the
 same prompts per step, the same mean rollouts per prompt (so the same rollout budget
@@ -13,7 +14,10 @@ median number of steps until the mean per-prompt accuracy (`reward/prompt_mean`,
 target counts as steps + 1 (and is reported as a miss). Besides the issue's three methods it
 runs DynaMO's two halves alone (dynamo_no_dra: uniform allocation + GC/UMS loss;
 dynamo_no_modulation: water-level allocation + plain surrogate), so a difference can be traced
-to the allocation or to the loss. Target from the issue: DynaMO <= 0.8x
+to the allocation or to the loss, and DynaMO with the allocation its authors' script runs
+(dynamo_as_run). `--methods` takes any method of configs/tiny.py, e.g. the allocation options
+of ALGORITHM.md §5b (dynamo_posterior, dynamo_std, dynamo_entropy, dynamo_posterior_std).
+Target from the issue: DynaMO <= 0.8x
 GRPO steps to 0.9. `--diagnose` also prints, for every run, the problems whose final greedy
 answer is wrong (the final policy's first-token distribution per problem). `--warm_start K`
 starts every run from the policy GRPO reaches in K steps (one shared run, exported as an HF
@@ -37,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("grpo", "dynamo", "e3", "dynamo_no_dra", "dynamo_no_modulation")
+# The default table; `--methods` takes any of configs/tiny.py's METHODS.
+METHODS = ("grpo", "dynamo", "e3", "dynamo_no_dra", "dynamo_no_modulation", "dynamo_as_run")
 # Per-prompt accuracy averaged uniformly over the step's prompts: the rollout-weighted batch mean
 # would favour DynaMO, which gives more rollouts to some prompts than to others.
 METRIC = "reward/prompt_mean"
@@ -131,6 +136,13 @@ def run_one(
     return {"rewards": rewards, "wrong": wrong, "seconds": time.perf_counter() - t0}
 
 
+def tiny_methods() -> tuple[str, ...]:
+    """configs/tiny.py's methods (called in a pool process: importing the config loads JAX)."""
+    from configs import tiny
+
+    return tiny.METHODS
+
+
 def warm_start(task: str, steps: int, tmp: str) -> str:
     """An HF directory of the policy GRPO reaches in `steps` steps (seed 1000, kept apart from
     the compared runs' seeds 0..): the shared start of every run with --warm_start."""
@@ -170,6 +182,10 @@ def main() -> None:
         parser.error("--methods must include grpo (the ratios are to GRPO)")
     runs = [(m, s) for m in methods for s in range(args.seeds)]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
+        known = pool.submit(tiny_methods).result()
+        unknown = [m for m in methods if m not in known]
+        if unknown:
+            parser.error(f"--methods: {unknown} not in configs/tiny.py's METHODS {known}")
         init = ""
         if args.warm_start:  # in a pool process too: JAX stays out of this parent process
             init = pool.submit(warm_start, args.task, args.warm_start, tmp).result()

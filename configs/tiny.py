@@ -11,13 +11,35 @@ dynamo (default: water-level allocation + GC/UMS modulation), grpo (uniform allo
 clipped surrogate), e3 (rank allocation with curriculum + entropy-holding temperature), and the
 two halves of DynaMO alone (Table 2's ablations at tiny scale): dynamo_no_dra (uniform allocation,
 GC/UMS loss) and dynamo_no_modulation (water-level allocation, plain clipped surrogate).
+DynaMO with another allocation, same GC/UMS loss: dynamo_as_run (the authors' script's
+allocation, ALGORITHM.md §5 "Code differs"), and the paper-derivation options of ALGORITHM.md
+§5b: dynamo_posterior (Beta(1, 1) posterior priority), dynamo_std (n_i ∝ σ_i), dynamo_entropy
+(σ_i scaled by the entropy factor) and dynamo_posterior_std (both of the first two).
 `task` picks the synthetic op (data/synthetic.py): max (default: 25 problems sharing one skill)
 or mixed (55 copy/max/min problems: three skills, every answer digit equally common).
 """
 
 from configs import base
 
-METHODS = ("dynamo", "grpo", "e3", "dynamo_no_dra", "dynamo_no_modulation")
+METHODS = (
+    "dynamo",
+    "grpo",
+    "e3",
+    "dynamo_no_dra",
+    "dynamo_no_modulation",
+    "dynamo_as_run",
+    "dynamo_posterior",
+    "dynamo_std",
+    "dynamo_entropy",
+    "dynamo_posterior_std",
+)
+# DynaMO allocation options (ALGORITHM.md §5b) by method; all else is the `dynamo` method's
+VARIANTS = {
+    "dynamo_posterior": {"priority": "posterior"},
+    "dynamo_std": {"allocate_by": "std"},
+    "dynamo_entropy": {"entropy_factor": True},
+    "dynamo_posterior_std": {"priority": "posterior", "allocate_by": "std"},
+}
 TASKS = ("max", "mixed")
 
 
@@ -43,6 +65,10 @@ def get_config(arg: str | None = None):
     config.jax_engine = base.jax_engine(max_batch=128)
     dynamo_allocation = base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8)
     uniform_allocation = base.allocation("uniform", n_avg=8, g_min=2, g_max=16)
+    variants = {
+        m: base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8, **options)
+        for m, options in VARIANTS.items()
+    }
     config.allocation = {
         "dynamo": dynamo_allocation,
         "grpo": uniform_allocation,
@@ -52,6 +78,10 @@ def get_config(arg: str | None = None):
         "e3": base.allocation("e3", n_avg=8, g_min=4, g_max=12),
         "dynamo_no_dra": uniform_allocation,
         "dynamo_no_modulation": dynamo_allocation,
+        # The script's [n/2, 3n/2] around n = 8 (theirs: [8, 24] around 16), so the exploration
+        # target b = max(n_low, 4) is n_low as in their run; cumulative counts (no decay).
+        "dynamo_as_run": base.allocation("dynamo_as_run", n_avg=8, g_min=4, g_max=12),
+        **variants,
     }[method]
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps here; with the paper's 1.0 early failures of now-solved prompts
@@ -63,8 +93,9 @@ def get_config(arg: str | None = None):
         if method == "e3"
         else base.temperature("fixed", 1.0)
     )
-    # GC/UMS modulation for dynamo and dynamo_no_dra; the plain GRPO surrogate otherwise
-    config.loss = base.loss("dynamo" if method in ("dynamo", "dynamo_no_dra") else "grpo")
+    # GC/UMS modulation for every DynaMO method but dynamo_no_modulation; plain GRPO otherwise
+    plain = method in ("grpo", "e3", "dynamo_no_modulation")
+    config.loss = base.loss("grpo" if plain else "dynamo")
     config.mesh = base.mesh((1, 1, 1))  # one CPU device
     # A random tiny model needs a large step size. On mixed, 1e-3 made GRPO (the benchmark's
     # reference) drop a digit for good (p = 1.00 on a wrong one) in 2 of 4 seeds; 5e-4 learnt

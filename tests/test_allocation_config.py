@@ -7,6 +7,10 @@ from dynamo_jax.allocation import AllocationConfig, TemperatureConfig
 
 def test_defaults_are_valid():
     AllocationConfig()
+    AllocationConfig(policy="dynamo_as_run", n_avg=16, g_min=8, g_max=24)
+    AllocationConfig(
+        policy="dynamo", allocate_by="std", priority="posterior", prior_a=0.5, entropy_factor=True
+    )
     TemperatureConfig()
     TemperatureConfig(mode="e3", vocab_size=151_936, anneal=True, total_steps=100)
 
@@ -26,6 +30,23 @@ def test_defaults_are_valid():
         ({"released_priority_floor": 0.0}, "released_priority_floor"),
         ({"released_mastered_acc": 1.2}, "released_mastered_acc"),
         ({"released_explore_rollouts": 0}, "released_explore_rollouts"),
+        ({"released_explore_below": 2.5}, "released_explore_below"),
+        ({"policy": "dynamo", "allocate_by": "sigma"}, "allocate_by"),
+        ({"policy": "dynamo", "priority": "bayes"}, "priority"),
+        ({"policy": "dynamo", "prior_a": 0.0}, "prior_a"),
+        ({"policy": "dynamo", "prior_b": float("inf")}, "prior_b"),
+        ({"policy": "dynamo", "prior_b": True}, "prior_b"),
+        ({"policy": "dynamo", "entropy_factor": 1}, "entropy_factor"),
+        # the §5b options belong to "dynamo": elsewhere they would be silently ignored
+        ({"policy": "uniform", "allocate_by": "std"}, "allocate_by"),
+        ({"policy": "dynamo_as_run", "priority": "posterior"}, "priority"),
+        ({"policy": "e3", "entropy_factor": True}, "entropy_factor"),
+        ({"as_run_explore_to": -1}, "as_run_explore_to"),
+        ({"as_run_min_history": 1}, "as_run_min_history"),
+        ({"as_run_tie_break": -1e-6}, "as_run_tie_break"),
+        ({"as_run_tie_break": float("nan")}, "as_run_tie_break"),
+        # the authors' counts are cumulative over the run
+        ({"policy": "dynamo_as_run", "decay": 0.9}, "decay"),
     ],
 )
 def test_allocation_config_rejects(kwargs, field):

@@ -1,4 +1,5 @@
-"""PromptHistory: scatter updates, decay, epoch accumulators, checkpoint round trip, bad input."""
+"""PromptHistory: scatter updates, decay, epoch accumulators, per-prompt entropy, checkpoint round
+trip (including a state saved before the entropy existed), bad input."""
 
 import numpy as np
 import pytest
@@ -56,6 +57,45 @@ def test_state_dict_round_trip_is_exact_and_independent():
     assert h2.epochs_completed == 1
     state["generated"][0] = 99.0  # the restored history owns its arrays
     assert h2.generated[0] != 99.0
+
+
+def test_entropy_mean_keeps_the_latest_value_per_prompt():
+    h = PromptHistory(4)
+    assert np.isnan(h.entropy_mean).all()  # nothing recorded yet
+    h.update(np.array([0, 2]), [4, 4], [1, 2], [1.0, 2.0])  # no entropy passed: unchanged
+    assert np.isnan(h.entropy_mean).all()
+    h.update(np.array([2, 0]), [4, 4], [1, 2], [1.0, 2.0], entropy_mean=[0.7, 1.5])
+    np.testing.assert_array_equal(h.entropy_mean, [1.5, np.nan, 0.7, np.nan])
+    # the latest replaces (not a running mean); NaN = none this step, the old value stays
+    h.update(np.array([0, 2, 3]), [2, 2, 2], [0, 0, 0], [0, 0, 0], entropy_mean=[0.2, np.nan, 0])
+    np.testing.assert_array_equal(h.entropy_mean, [0.2, np.nan, 0.7, 0.0])
+
+
+def test_state_saved_before_entropy_existed_still_loads():
+    h = PromptHistory(3)
+    h.update(np.array([1]), [4], [3], [3.0], entropy_mean=[0.9])
+    old = {k: v for k, v in h.state_dict().items() if k != "entropy_mean"}
+    restored = PromptHistory.from_state_dict(old, num_prompts=3)
+    np.testing.assert_array_equal(restored.generated, [0, 4, 0])
+    assert np.isnan(restored.entropy_mean).all()  # as if no entropy had been recorded
+    again = PromptHistory.from_state_dict(h.state_dict(), num_prompts=3)
+    np.testing.assert_array_equal(again.entropy_mean, [np.nan, 0.9, np.nan])
+
+
+@pytest.mark.parametrize(
+    "entropy, match",
+    [
+        ([0.5, -0.1], r"entropy_mean\[1\] \(prompt index 3\) = -0.1"),
+        ([np.inf, 0.5], r"entropy_mean\[0\] \(prompt index 1\) = inf"),
+        ([0.5], r"entropy_mean has shape \(1,\), expected \(2,\)"),
+    ],
+)
+def test_update_rejects_bad_entropy(entropy, match):
+    h = PromptHistory(5)
+    with pytest.raises(ValueError, match=match):
+        h.update(np.array([1, 3]), [2, 2], [1, 1], [1.0, 1.0], entropy_mean=entropy)
+    np.testing.assert_array_equal(h.generated, np.zeros(5))  # nothing half-applied
+    assert np.isnan(h.entropy_mean).all()
 
 
 def test_from_state_dict_errors():

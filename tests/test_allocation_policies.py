@@ -1,29 +1,37 @@
-"""Allocation policies: hand-worked cases from the papers' rules (ALGORITHM.md §5-6) and
-hypothesis properties (exact budget, bounds, determinism, permutation invariance, DynaMO
-monotonicity) for every policy, plus DynaMO against an exact-arithmetic scalar reference."""
+"""Allocation policies: hand-worked cases from the papers' rules and the DynaMO authors' code
+(ALGORITHM.md §5, §5b, §6) and hypothesis properties (exact budget, bounds, determinism,
+permutation invariance, DynaMO monotonicity) for every policy and option, plus DynaMO (with its
+§5b options) and DynaMO-as-run against scalar references."""
 
 import copy
+import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_allocation_water_level import ref_water_fill
+from test_allocation_priorities import ref_as_run_priority
+from test_allocation_water_level import ref_as_run_fill, ref_water_fill
 
 from dynamo_jax.allocation import AllocationConfig, PromptHistory, make_allocator, make_history
 from dynamo_jax.allocation.priorities import e3_bounds, e3_difficulty_rank
 
-POLICIES = ["uniform", "dynamo", "dynamo_released", "e3"]
+POLICIES = ["uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3"]
+# Every policy, plus DynaMO's §5b options together, for the property test (each option alone
+# is drawn by test_dynamo_options_match_reference_and_are_monotone_in_weight).
+CASES = [(policy, {}) for policy in POLICIES] + [
+    ("dynamo", {"allocate_by": "std", "priority": "posterior", "entropy_factor": True}),
+]
 
 
 def _cfg(policy, **kw):
     return AllocationConfig(policy=policy, **{"n_avg": 4, "g_min": 2, "g_max": 8, **kw})
 
 
-def _history(num, indices, gen, cor, cfg=None):
+def _history(num, indices, gen, cor, cfg=None, entropy=None):
     h = PromptHistory(num) if cfg is None else make_history(cfg, num)
-    h.update(np.array(indices), gen, cor, np.asarray(cor, dtype=float))
+    h.update(np.array(indices), gen, cor, np.asarray(cor, dtype=float), entropy_mean=entropy)
     return h
 
 
@@ -91,6 +99,103 @@ def test_dynamo_infeasible_floor_drops_to_zero():
 def test_dynamo_shortfall_when_budget_exceeds_n_g_max():
     r = _alloc("dynamo", PromptHistory(3), [0, 1], 20)
     assert r.n.tolist() == [8, 8] and r.shortfall == 4
+
+
+# ---------------------------------------------------------------- hand-worked: §5b options
+
+
+def test_dynamo_posterior_priority_feeds_unsolved_prompts():
+    # G = 4 each, k = (2, 1, 0, 4). Posterior, a = b = 1: (k+1)(G−k+1)/((G+2)(G+3)) =
+    # (3·3, 2·4, 1·5, 5·1)/42 = (9, 8, 5, 5)/42 (Eq. 6 gives (1/3, 1/4, 0, 0)).
+    # B = 16, [2, 8]: 2 each, B_rem = 8, ΣP = 27/42: Δ = (⌊8·9/27⌋, ⌊8·8/27⌋, ⌊8·5/27⌋, ⌊8·5/27⌋)
+    # = (⌊2.67⌋, ⌊2.37⌋, ⌊1.48⌋, ⌊1.48⌋) = (2, 2, 1, 1) -> (4, 4, 3, 3), B_rem = 2; every next ⌊⌋
+    # is 0: the units go to the largest P, prompts 0 and 1 -> (5, 5, 3, 3). The paper's rule
+    # gives (7, 5, 2, 2): the never-solved prompt 2 stays at G_min there.
+    h = _history(4, [0, 1, 2, 3], [4, 4, 4, 4], [2, 1, 0, 4])
+    assert _alloc("dynamo", h, [0, 1, 2, 3], 16, priority="posterior").n.tolist() == [5, 5, 3, 3]
+    assert _alloc("dynamo", h, [0, 1, 2, 3], 16).n.tolist() == [7, 5, 2, 2]
+    # a = 2, b = 0.5: ((2+2)(2+.5), (1+2)(3+.5), (0+2)(4+.5), (4+2)(0+.5)) / ((6.5)(7.5))
+    # ∝ (10, 10.5, 9, 3), Σ = 32.5: Δ = (⌊80/32.5⌋, ⌊84/32.5⌋, ⌊72/32.5⌋, ⌊24/32.5⌋) = (2, 2, 2, 0)
+    # -> (4, 4, 4, 2), B_rem = 2: all ⌊⌋ 0 -> the largest P: prompts 1 (10.5) and 0 (10).
+    r = _alloc("dynamo", h, [0, 1, 2, 3], 16, priority="posterior", prior_a=2.0, prior_b=0.5)
+    assert r.n.tolist() == [5, 5, 4, 2]
+
+
+def test_dynamo_std_allocates_by_sqrt_of_the_priority():
+    # G = 10, k = (5, 1, 1): P = (25, 9, 9)/90, so sqrt(P) ∝ (5, 3, 3). B = 12, [2, 10]: B_rem = 6.
+    # "std": Δ = (⌊6·5/11⌋, ⌊6·3/11⌋, ⌊6·3/11⌋) = (⌊2.73⌋, ⌊1.64⌋, ⌊1.64⌋) = (2, 1, 1) -> (4, 3, 3),
+    #   B_rem = 2: ⌊2·5/11⌋ = ⌊2·3/11⌋ = 0 -> the largest weights: prompt 0, then 1 (index) -> (5, 4, 3).
+    # "variance": Δ = (⌊6·25/43⌋, ⌊6·9/43⌋, ⌊6·9/43⌋) = (⌊3.49⌋, ⌊1.26⌋, ⌊1.26⌋) = (3, 1, 1)
+    #   -> (5, 3, 3), B_rem = 1 -> prompt 0 -> (6, 3, 3).
+    h = _history(3, [0, 1, 2], [10, 10, 10], [5, 1, 1])
+    kw = {"g_max": 10}
+    assert _alloc("dynamo", h, [0, 1, 2], 12, allocate_by="std", **kw).n.tolist() == [5, 4, 3]
+    assert _alloc("dynamo", h, [0, 1, 2], 12, **kw).n.tolist() == [6, 3, 3]
+
+
+def test_dynamo_entropy_factor_and_the_unknown_prompt():
+    # Equal P (G = 4, k = 2 each), entropies (ln(10/9), ln 2, none): f² = 1 − e^{−H} = (.1, .5, ·),
+    # f = (.31623, .70711); the unknown prompt gets the batch mean f = .51167, f² = .26180.
+    # "variance" weights P·f² ∝ (.1, .5, .2618), Σ = .8618; B = 12, [2, 8], B_rem = 6:
+    #   Δ = (⌊6·.1/.8618⌋, ⌊6·.5/.8618⌋, ⌊6·.2618/.8618⌋) = (⌊.70⌋, ⌊3.48⌋, ⌊1.82⌋) = (0, 3, 1)
+    #   -> (2, 5, 3), B_rem = 2: (⌊.23⌋, ⌊1.16⌋, ⌊.61⌋) = (0, 1, 0) -> (2, 6, 3), B_rem = 1: all
+    #   ⌊⌋ 0 -> the largest weight, prompt 1 -> (2, 7, 3).
+    h = _history(
+        3, [0, 1, 2], [4, 4, 4], [2, 2, 2], entropy=[math.log(10 / 9), math.log(2), np.nan]
+    )
+    r = _alloc("dynamo", h, [0, 1, 2], 12, entropy_factor=True)
+    assert r.n.tolist() == [2, 7, 3]
+    assert r.diagnostics["alloc/entropy_known_share"] == pytest.approx(2 / 3)
+    assert _alloc("dynamo", h, [0, 1, 2], 12).n.tolist() == [4, 4, 4]  # without: uniform
+    # "std" weights sqrt(P)·f ∝ (.31623, .70711, .51167), Σ = 1.53500 (= 3 × the mean, so the
+    # third share is exactly 6/3 = 2): Δ = (⌊1.24⌋, ⌊2.76⌋, 2) = (1, 2, 2) -> (3, 4, 4),
+    # B_rem = 1: all ⌊⌋ 0 -> the largest weight, prompt 1 -> (3, 5, 4).
+    r = _alloc("dynamo", h, [0, 1, 2], 12, entropy_factor=True, allocate_by="std")
+    assert r.n.tolist() == [3, 5, 4]
+    # No entropy anywhere: f = 1 for all, the paper's rule.
+    h0 = _history(3, [0, 1, 2], [4, 4, 4], [2, 1, 0])
+    assert (
+        _alloc("dynamo", h0, [0, 1, 2], 12, entropy_factor=True).n.tolist()
+        == _alloc("dynamo", h0, [0, 1, 2], 12).n.tolist()
+    )
+
+
+# ---------------------------------------------------------------- hand-worked: as run
+
+
+def test_dynamo_as_run_from_the_history():
+    # The script's bounds: n = 16, [n_low, n_high] = [8, 24], so b = max(8, 4) = 8.
+    # History (G, k): (16, 8), (16, 2), (16, 15), (20, 1), never seen, (5, 1). Priorities
+    # (update_rank): .2666672, .1166675, .01 (15/16 mastered), .05000095, −1 (G < 4), .2000008.
+    # Budget 96: exploration 8 for prompt 4, 8 − 5 = 3 for prompt 5, everyone raised to 8, then
+    # the pour of test_as_run_fill_pours_over_rounds_with_largest_fractions -> as below.
+    cfg = AllocationConfig(policy="dynamo_as_run", n_avg=16, g_min=8, g_max=24)
+    h = _history(6, [0, 1, 2, 3, 5], [16, 16, 16, 20, 5], [8, 2, 15, 1, 1], cfg)
+    r = make_allocator(cfg).allocate(np.arange(6), h, 96)
+    assert r.n.tolist() == [24, 18, 9, 13, 8, 24]
+    assert r.diagnostics["alloc/num_exploring"] == 2.0
+    # First epoch: no history, all −1: exploration 8 each, then the leftover round-robin: 16 each.
+    assert (
+        make_allocator(cfg).allocate(np.arange(6), make_history(cfg, 6), 96).n.tolist() == [16] * 6
+    )
+
+
+def test_dynamo_as_run_counts_are_cumulative():
+    # k counts reward > 0 over the whole run, never reset at epoch ends: after two steps of
+    # (4 rollouts, 2 correct) and (4, 0) prompt 0 has G = 8, k = 2: P = 2·6/(8·7) + .75e-6 = .2142865.
+    # Prompt 1: G = 8, k = 4: 4·4/56 + .5e-6 = .2857148. [2, 8], b = 4, B = 8: both G >= 4, raise to
+    # 2 each, B_rem = 4: a = 4·(.2143, .2857)/.5 = (1.714, 2.286) -> (1, 2), remainder 1 to .714
+    # (prompt 0) -> (2, 2) -> n = (4, 4).
+    cfg = _cfg("dynamo_as_run")
+    h = _history(2, [0, 1], [4, 4], [2, 2], cfg)
+    alloc = make_allocator(cfg)
+    alloc.on_epoch_end(h)
+    h.update(np.array([0, 1]), [4, 4], [0, 2], [0.0, 2.0])
+    assert alloc.allocate(np.arange(2), h, 8).n.tolist() == [4, 4]
+    # B = 10, B_rem = 6: a = 6·(3/7, 4/7) = (2.571, 3.429) -> (2, 3), remainder 1 to .571 -> (5, 5).
+    assert alloc.allocate(np.arange(2), h, 10).n.tolist() == [5, 5]
+    # B = 11: a = 7·(3/7, 4/7) = (3, 4) exactly -> (5, 6).
+    assert alloc.allocate(np.arange(2), h, 11).n.tolist() == [5, 6]
 
 
 # ---------------------------------------------------------------- hand-worked: released
@@ -182,12 +287,28 @@ NUM_PROMPTS = 40
 
 
 @st.composite
-def scenarios(draw, policy):
+def scenarios(draw, policy, options=None):
+    """A random history, batch, budget and permutation; `options`: AllocationConfig fields
+    (None: the defaults, "draw": random §5b options)."""
+    options = {} if options is None else options
     g_min = draw(st.integers(1, 4))
     n_avg = draw(st.integers(g_min, g_min + 4))
     g_max = draw(st.integers(n_avg, n_avg + 8))
+    if options == "draw":  # DynaMO's §5b options (dyadic priors: exact float arithmetic)
+        options = {
+            "allocate_by": draw(st.sampled_from(["variance", "std"])),
+            "priority": draw(st.sampled_from(["unbiased", "posterior"])),
+            "prior_a": draw(st.sampled_from([0.5, 1.0, 1.5, 2.0])),
+            "prior_b": draw(st.sampled_from([0.5, 1.0, 1.5, 2.0])),
+            "entropy_factor": draw(st.booleans()),
+        }
     cfg = AllocationConfig(
-        policy=policy, n_avg=n_avg, g_min=g_min, g_max=g_max, min_history=draw(st.integers(2, 4))
+        policy=policy,
+        n_avg=n_avg,
+        g_min=g_min,
+        g_max=g_max,
+        min_history=draw(st.integers(2, 4)),
+        **options,
     )
     h = make_history(cfg, NUM_PROMPTS)
     gen = np.array(draw(st.lists(st.integers(0, 12), min_size=NUM_PROMPTS, max_size=NUM_PROMPTS)))
@@ -198,6 +319,9 @@ def scenarios(draw, policy):
     h.epoch_generated[:], h.epoch_above_mean[:] = gen, cor
     h.released_priority[:] = draw(st.sampled_from([0.01, 0.5, 1.0]))
     h.released_priority[::3] = 0.01 + frac[::3]
+    # a few distinct entropies (ties included), NaN = none recorded
+    entropies = st.sampled_from([np.nan, 0.0, 0.05, 0.7, 2.0, 9.0])
+    h.entropy_mean[:] = draw(st.lists(entropies, min_size=NUM_PROMPTS, max_size=NUM_PROMPTS))
     h.e3_rank[:] = e3_difficulty_rank(gen, cor)
     h.epochs_completed = draw(st.integers(0, 4))
     size = draw(st.integers(1, 25))
@@ -217,11 +341,15 @@ def _bounds(cfg, h):
     return cfg.g_min, cfg.g_max
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(
+    "policy, options",
+    CASES,
+    ids=[policy + "".join(f"-{v}" for v in opts.values()) for policy, opts in CASES],
+)
 @settings(deadline=None, max_examples=150)
 @given(data=st.data())
-def test_budget_bounds_determinism_permutation(policy, data):
-    cfg, h, indices, budget, perm = data.draw(scenarios(policy))
+def test_budget_bounds_determinism_permutation(policy, options, data):
+    cfg, h, indices, budget, perm = data.draw(scenarios(policy, options))
     alloc = make_allocator(cfg)
     r = alloc.allocate(indices, h, budget)
     lo, hi = _bounds(cfg, h)
@@ -239,14 +367,40 @@ def test_budget_bounds_determinism_permutation(policy, data):
     np.testing.assert_array_equal(permuted.n, r.n[perm])
 
 
-def ref_dynamo(gen, cor, keys, budget, cfg):
-    """ALGORITHM.md §5 with exact rationals, one prompt at a time."""
+def ref_weights(gen, cor, entropy, cfg):
+    """The fill weights of ALGORITHM.md §5 / §5b, one prompt at a time.
+
+    Exact rationals for the paper's rule (and the posterior, whose dyadic priors keep float
+    arithmetic exact); float64 once a square root or the entropy factor enters, with the same
+    elementary operations as any float64 code would use (so the same rounding)."""
+    if cfg.priority == "unbiased":
+        p = [
+            Fraction(int(k) * int(g - k), int(g) * int(g - 1)) if g > 1 else Fraction(0)
+            for g, k in zip(gen, cor)
+        ]
+    else:
+        a, b = Fraction(cfg.prior_a), Fraction(cfg.prior_b)
+        p = [
+            (k + a) * (g - k + b) / ((g + a + b) * (g + a + b + 1))
+            for g, k in ((Fraction(g), Fraction(k)) for g, k in zip(gen, cor))
+        ]
+    if not cfg.entropy_factor and cfg.allocate_by == "variance":
+        return p
+    sigma2 = [float(x) for x in p]
+    if cfg.entropy_factor:
+        f = [math.sqrt(-np.expm1(-h)) if not math.isnan(h) else None for h in entropy]
+        known = [x for x in f if x is not None]
+        mean = math.fsum(known) / len(known) if known else 1.0
+        sigma2 = [s * ((mean if x is None else x) ** 2) for s, x in zip(sigma2, f)]
+    return sigma2 if cfg.allocate_by == "variance" else [math.sqrt(s) for s in sigma2]
+
+
+def ref_dynamo(gen, cor, keys, budget, cfg, entropy=None):
+    """ALGORITHM.md §5 (and §5b's weights) with exact rationals, one prompt at a time."""
     size, lo, hi = len(keys), cfg.g_min, cfg.g_max
     scarce = [g < cfg.min_history for g in gen]
-    p = [
-        Fraction(0) if s else Fraction(int(k) * int(g - k), int(g) * int(g - 1))
-        for s, g, k in zip(scarce, gen, cor)
-    ]
+    w = ref_weights(gen, cor, entropy or [math.nan] * size, cfg)
+    p = [Fraction(0) if s else Fraction(x) for s, x in zip(scarce, w)]
     if budget > size * hi:
         return [hi] * size
     if budget < size * lo:
@@ -300,3 +454,45 @@ def test_dynamo_equal_priorities_give_uniform(size, g, frac, slack, data):
     budget = data.draw(st.integers(size * cfg.g_min, size * cfg.g_max))
     n = make_allocator(cfg).allocate(np.arange(size), h, budget).n
     assert n.max() - n.min() <= 1 and n.sum() == budget
+
+
+@settings(deadline=None, max_examples=150)
+@given(data=st.data())
+def test_dynamo_options_match_reference_and_are_monotone_in_weight(data):
+    cfg, h, indices, budget, _ = data.draw(scenarios("dynamo", options="draw"))
+    r = make_allocator(cfg).allocate(indices, h, budget)
+    gen, cor = h.generated[indices].tolist(), h.correct[indices].tolist()
+    ent = h.entropy_mean[indices].tolist()
+    assert r.n.tolist() == ref_dynamo(gen, cor, indices.tolist(), budget, cfg, ent)
+    size = indices.size
+    if size * cfg.g_min <= budget <= size * cfg.g_max:
+        w = np.array([float(x) for x in ref_weights(gen, cor, ent, cfg)])
+        keep = np.asarray(gen) >= cfg.min_history
+        w, n = w[keep], r.n[keep]
+        assert not ((w[:, None] > w[None, :]) & (n[:, None] < n[None, :])).any()
+
+
+def ref_as_run(gen, cor, keys, budget, cfg):
+    """ALGORITHM.md §5 "Code differs" one prompt at a time: the priority of `update_rank`, the
+    split of `get_rollout_n_per_prompt`, inside the shared budget contract."""
+    size, lo, hi = len(keys), cfg.g_min, cfg.g_max
+    prio = [float(ref_as_run_priority(int(g), int(k))) for g, k in zip(gen, cor)]
+    b = max(lo, cfg.as_run_explore_to)
+    if budget > size * hi:
+        return [hi] * size
+    if budget < size * lo:
+        n = [budget // size] * size
+        first = sorted(range(size), key=lambda i: (gen[i] >= b, -prio[i], keys[i]))
+        for i in first[: budget % size]:
+            n[i] += 1
+        return n
+    return ref_as_run_fill(list(gen), prio, list(keys), budget, lo, hi, cfg.as_run_explore_to)
+
+
+@settings(deadline=None, max_examples=150)
+@given(data=st.data())
+def test_dynamo_as_run_matches_reference(data):
+    cfg, h, indices, budget, _ = data.draw(scenarios("dynamo_as_run", options={}))
+    r = make_allocator(cfg).allocate(indices, h, budget)
+    gen, cor = h.total_generated[indices].tolist(), h.correct[indices].tolist()
+    assert r.n.tolist() == ref_as_run(gen, cor, indices.tolist(), budget, cfg)

@@ -59,6 +59,22 @@ def test_tiny_methods_share_the_rollout_budget():
     assert no_mod.allocation == runs["dynamo"].allocation and no_mod.loss.baseline == "grpo"
 
 
+def test_tiny_allocation_variants_change_only_the_allocation():
+    from configs.tiny import VARIANTS
+
+    dynamo = _load("tiny", "method=dynamo")
+    for method, options in VARIANTS.items():
+        run = _load("tiny", f"method={method}")
+        assert run.allocation == dataclasses.replace(dynamo.allocation, **options), method
+        assert dataclasses.replace(run, name=dynamo.name, allocation=dynamo.allocation) == dynamo
+    as_run = _load("tiny", "method=dynamo_as_run")
+    assert as_run.allocation.policy == "dynamo_as_run" and as_run.loss == dynamo.loss
+    # the script's [n/2, 3n/2] and its exploration target b = max(n_low, 4) = n_low
+    alloc = as_run.allocation
+    assert (alloc.g_min, alloc.n_avg, alloc.g_max) == (4, 8, 12)
+    assert max(alloc.g_min, alloc.as_run_explore_to) == alloc.g_min
+
+
 def test_tiny_task_argument_changes_only_the_data_and_rate():
     from configs.tiny import TASKS
 

@@ -1,5 +1,6 @@
-"""Rollout allocation (uniform, DynaMO water-level, DynaMO released heuristic, E3 rank) and the
-sampling-temperature scheduler (fixed or E3), with the per-prompt history they run on."""
+"""Rollout allocation (uniform, DynaMO water-level with its §5b options, DynaMO as the authors'
+script runs it, the DynaMO recipe's other heuristic, E3 rank) and the sampling-temperature
+scheduler (fixed or E3), with the per-prompt history they run on."""
 
 from dynamo_jax.allocation.config import AllocationConfig, TemperatureConfig
 from dynamo_jax.allocation.history import PromptHistory

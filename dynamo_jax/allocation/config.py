@@ -1,7 +1,8 @@
 """Frozen, validated configs for rollout allocation and the sampling-temperature scheduler.
 
-ALGORITHM.md §5 (DynaMO DRA and the authors' released heuristic) and §6 (E3 rank allocation,
-curriculum and temperature scheduler). `dynamo_jax/config.py` maps the ConfigDict sections
+ALGORITHM.md §5 (DynaMO DRA, the authors' code as run, the recipe's other heuristic), §5b (the
+allocation variants beyond the paper) and §6 (E3 rank allocation, curriculum and temperature
+scheduler). `dynamo_jax/config.py` maps the ConfigDict sections
 `allocation` and `temperature` onto these classes; nothing else reads them by key.
 """
 
@@ -10,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-POLICIES = ("uniform", "dynamo", "dynamo_released", "e3")
+POLICIES = ("uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3")
+# Options of the "dynamo" policy (ALGORITHM.md §5b); the first of each is the paper's rule.
+ALLOCATE_BY = ("variance", "std")
+PRIORITIES = ("unbiased", "posterior")
 TEMPERATURE_MODES = ("fixed", "e3")
 
 
@@ -27,12 +31,17 @@ class AllocationConfig:
       "uniform"          n_avg each (the GRPO baseline; also DynaMO's "DRA off" ablation).
       "dynamo"           paper Alg. 1: water-level allocation by the unbiased Bernoulli
                          variance P_i = k_i (G_i - k_i) / (G_i (G_i - 1)).
-      "dynamo_released"  the authors' released heuristic (ALGORITHM.md §5 "Code differs"),
-                         kept for side-by-side comparison.
+      "dynamo_as_run"    what the authors' released script runs (ALGORITHM.md §5 "Code
+                         differs"): their floored, tie-broken priority and their
+                         exploration / raise / proportional-pour split.
+      "dynamo_released"  the heuristic of the recipe's own dataset class, which the authors'
+                         script never runs (ALGORITHM.md §5 "Code differs").
       "e3"               E3 difficulty-rank allocation with the widening [G_min, G_max]
                          curriculum (ALGORITHM.md §6).
     Bounds: every prompt gets n_i in [g_min, g_max] (for "e3" these are the curriculum's
     limits; the bounds start at n_avg and widen by `e3_curriculum_step` per epoch).
+    `allocate_by`, `priority` and `entropy_factor` are options of "dynamo" only (§5b); their
+    defaults are the paper's Alg. 1.
     """
 
     policy: str = "uniform"
@@ -46,16 +55,44 @@ class AllocationConfig:
     decay: float = 1.0
     # E3: after each epoch g_max_e += step and g_min_e -= step, up to [g_min, g_max].
     e3_curriculum_step: int = 2
-    # The released heuristic's constants (authors' trainer).
+    # "dynamo" options (ALGORITHM.md §5b). Weights ∝ σ_i² ("variance", Alg. 1) or σ_i ("std",
+    # Appendix C Eq. 36), with σ_i² estimated by the priority below.
+    allocate_by: str = "variance"
+    # "unbiased": k(G−k)/(G(G−1)) (Eq. 6); "posterior": E[p(1−p)] under Beta(prior_a, prior_b).
+    priority: str = "unbiased"
+    prior_a: float = 1.0  # Beta prior pseudo-successes of the "posterior" priority
+    prior_b: float = 1.0  # Beta prior pseudo-failures of the "posterior" priority
+    # σ_i *= sqrt(1 − exp(−H̄_i)) (Eq. 42), H̄_i the prompt's latest mean token entropy.
+    entropy_factor: bool = False
+    # The authors' constants, shared by "dynamo_as_run" and "dynamo_released" where the meaning
+    # is the same: the priority floor and the accuracy at which a prompt counts as mastered.
     released_priority_floor: float = 0.01
     released_mastered_acc: float = 0.85
+    # "dynamo_released": prompts with fewer rollouts than `explore_below` get `explore_rollouts`.
     released_explore_rollouts: int = 4
     released_explore_below: int = 4  # prompts with fewer rollouts than this are explored
+    # "dynamo_as_run": prompts with G_i < b = max(g_min, this) first get b − G_i rollouts
+    # (the trainer's `initial_budget=4`).
+    as_run_explore_to: int = 4
+    # "dynamo_as_run": priority −1 (left out of the proportional pour) while G_i < this
+    # (`update_rank`'s `initial_budget=4`).
+    as_run_min_history: int = 4
+    as_run_tie_break: float = 1e-6  # "dynamo_as_run": + (1 − k/G) · this separates equal P_i
 
     def __post_init__(self):
         c = "AllocationConfig"
         _require(self.policy in POLICIES, c, "policy", f"{self.policy!r} not one of {POLICIES}")
-        for name in ("n_avg", "g_min", "g_max", "min_history", "e3_curriculum_step"):
+        for name in (
+            "n_avg",
+            "g_min",
+            "g_max",
+            "min_history",
+            "e3_curriculum_step",
+            "released_explore_rollouts",
+            "released_explore_below",
+            "as_run_explore_to",
+            "as_run_min_history",
+        ):
             value = getattr(self, name)
             _require(
                 isinstance(value, int) and not isinstance(value, bool),
@@ -108,6 +145,79 @@ class AllocationConfig:
             "released_explore_below",
             f"must be >= 0, got {self.released_explore_below}",
         )
+
+        self._check_variants(c)
+        self._check_as_run(c)
+
+    def _check_variants(self, c: str) -> None:
+        _require(
+            self.allocate_by in ALLOCATE_BY,
+            c,
+            "allocate_by",
+            f"{self.allocate_by!r} not one of {ALLOCATE_BY}",
+        )
+        _require(
+            self.priority in PRIORITIES, c, "priority", f"{self.priority!r} not one of {PRIORITIES}"
+        )
+        for name in ("prior_a", "prior_b"):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0,
+                c,
+                name,
+                f"must be a finite number > 0 (a Beta prior count), got {value!r}",
+            )
+        _require(
+            isinstance(self.entropy_factor, bool),
+            c,
+            "entropy_factor",
+            f"must be a bool, got {self.entropy_factor!r}",
+        )
+        if self.policy != "dynamo":
+            # A variant left on under another policy would be silently ignored.
+            for name, paper in (
+                ("allocate_by", "variance"),
+                ("priority", "unbiased"),
+                ("entropy_factor", False),
+            ):
+                _require(
+                    getattr(self, name) == paper,
+                    c,
+                    name,
+                    f"is an option of policy 'dynamo' only; policy {self.policy!r} needs the "
+                    f"default {paper!r}, got {getattr(self, name)!r}",
+                )
+
+    def _check_as_run(self, c: str) -> None:
+        _require(
+            self.as_run_explore_to >= 0,
+            c,
+            "as_run_explore_to",
+            f"must be >= 0, got {self.as_run_explore_to}",
+        )
+        _require(
+            self.as_run_min_history >= 2,
+            c,
+            "as_run_min_history",
+            f"must be >= 2 (P_i is defined for G_i >= 2), got {self.as_run_min_history}",
+        )
+        _require(
+            math.isfinite(self.as_run_tie_break) and self.as_run_tie_break >= 0,
+            c,
+            "as_run_tie_break",
+            f"must be finite and >= 0, got {self.as_run_tie_break}",
+        )
+        if self.policy == "dynamo_as_run":
+            _require(
+                self.decay == 1.0,
+                c,
+                "decay",
+                "policy 'dynamo_as_run' counts rollouts over the whole run, never decayed; "
+                f"need decay=1.0, got {self.decay}",
+            )
 
     def validate_against(self, norm_adv_by_std: bool) -> None:
         """Cross-check with the loss: a group of one response has no std, so no advantage."""

@@ -13,6 +13,8 @@ What is tracked (ALGORITHM.md §5-6):
   their batch's mean (the released heuristic's "acc"), reset by `end_epoch`.
 - `released_priority`, `e3_rank`: per-epoch quantities written by the allocators'
   `on_epoch_end` hooks; `epochs_completed` drives E3's curriculum.
+- `entropy_mean`: H̄_i, the mean token entropy of the prompt's most recent rollouts (NaN until
+  one is recorded), for the entropy factor of ALGORITHM.md §5b.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ _ARRAYS: dict[str, type] = {
     "epoch_above_mean": np.int64,
     "released_priority": np.float64,
     "e3_rank": np.float64,
+    "entropy_mean": np.float64,
 }
+# Arrays added after checkpoints were first written, with the value a state saved without
+# them restores to (NaN entropy = none recorded yet).
+_ADDED_LATER: dict[str, float] = {"entropy_mean": np.nan}
 # A prompt never scored by the released heuristic counts as maximally informative
 # (4·acc·(1-acc) peaks at 1), so it is not starved before its first epoch ends.
 RELEASED_PRIORITY_UNKNOWN = 1.0
@@ -75,6 +81,25 @@ def _column(values, n: int, name: str, dtype) -> np.ndarray:
     return arr
 
 
+def _entropy_column(values, n: int, idx: np.ndarray) -> np.ndarray | None:
+    """Per-prompt mean entropies: each NaN (none this step) or finite and >= 0."""
+    if values is None:
+        return None
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(
+            f"PromptHistory.update: entropy_mean has shape {arr.shape}, expected ({n},)"
+        )
+    bad = np.flatnonzero(~np.isnan(arr) & ~(np.isfinite(arr) & (arr >= 0)))
+    if bad.size:
+        i = bad[0]
+        raise ValueError(
+            f"PromptHistory.update: entropy_mean[{i}] (prompt index {idx[i]}) = {arr[i]}; "
+            "need a finite entropy >= 0, or NaN for none"
+        )
+    return arr
+
+
 class PromptHistory:
     """Rollout statistics for every prompt of the dataset (see the module docstring)."""
 
@@ -88,6 +113,7 @@ class PromptHistory:
         for name, dtype in _ARRAYS.items():
             setattr(self, name, np.zeros(self.num_prompts, dtype=dtype))
         self.released_priority[:] = RELEASED_PRIORITY_UNKNOWN
+        self.entropy_mean[:] = np.nan
         self.epochs_completed = 0
 
     def update(
@@ -97,12 +123,16 @@ class PromptHistory:
         n_correct: np.ndarray,
         reward_sum: np.ndarray,
         n_above_batch_mean: np.ndarray | None = None,
+        entropy_mean: np.ndarray | None = None,
     ) -> None:
         """Fold one step's results in: n_i rollouts, c_i correct, reward sum r_i per prompt.
 
         `n_above_batch_mean` (the released heuristic's "acc" numerator: rollouts whose reward
         exceeds the mean reward of the whole batch) defaults to the binary-reward value: a
         reward of 1 is above the batch mean unless every rollout of the batch was correct.
+        `entropy_mean` (float [n], the mean token entropy of each prompt's rollouts this step)
+        replaces the stored H̄_i; NaN (or None for all) means no entropy for that prompt this
+        step, and its previous value is kept.
         """
         idx = check_indices(indices, self.num_prompts, "PromptHistory.update: indices")
         n = idx.size
@@ -129,6 +159,7 @@ class PromptHistory:
                     f"PromptHistory.update: n_above_batch_mean[{bad[0]}] = "
                     f"{above[bad[0]]} is outside [0, n_generated={gen[bad[0]]}]"
                 )
+        entropy = _entropy_column(entropy_mean, n, idx)
         self.generated[idx] = self.decay * self.generated[idx] + gen
         self.correct[idx] = self.decay * self.correct[idx] + cor
         self.total_generated[idx] += gen
@@ -136,6 +167,9 @@ class PromptHistory:
         self.visits[idx] += 1
         self.epoch_generated[idx] += gen
         self.epoch_above_mean[idx] += above
+        if entropy is not None:
+            has = ~np.isnan(entropy)
+            self.entropy_mean[idx[has]] = entropy[has]
 
     def end_epoch(self) -> None:
         """Close a pass over the dataset: count it and reset the per-epoch accumulators."""
@@ -153,12 +187,16 @@ class PromptHistory:
     def from_state_dict(
         cls, state: dict[str, np.ndarray], decay: float = 1.0, num_prompts: int | None = None
     ) -> PromptHistory:
-        """Rebuild from `state_dict()`; `num_prompts` (if given) must match the saved size."""
+        """Rebuild from `state_dict()`; `num_prompts` (if given) must match the saved size.
+
+        A state saved before an array of `_ADDED_LATER` existed restores it to its default.
+        """
         expected = set(_ARRAYS) | {"epochs_completed"}
-        if set(state) != expected:
+        missing = expected - set(state) - set(_ADDED_LATER)
+        unexpected = set(state) - expected
+        if missing or unexpected:
             raise ValueError(
-                f"PromptHistory state: missing {sorted(expected - set(state))}, "
-                f"unexpected {sorted(set(state) - expected)}"
+                f"PromptHistory state: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
             )
         size = np.asarray(state["generated"]).shape
         if len(size) != 1 or size[0] < 1:
@@ -170,6 +208,9 @@ class PromptHistory:
             )
         history = cls(size[0], decay)
         for name, dtype in _ARRAYS.items():
+            if name not in state:
+                getattr(history, name)[:] = _ADDED_LATER[name]
+                continue
             arr = np.asarray(state[name])
             if arr.shape != size:
                 raise ValueError(

@@ -13,6 +13,15 @@ and sets the temperature for step t + 1, aiming at H_target(t + 1). **Choice**: 
 code applies the step-t target one step late; here each batch aims at its own target.
 The scheduled τ is clamped to [temperature_min, temperature_max] (a safety net the paper has
 not got: Eq. 4 can go negative when H_t ≫ H_target).
+
+**Code differs** (E3's `TemperatureScheduler`, LiaoMengqi/E3-RL4LLMs at 7e90b8e):
+- annealing starts at t_max − int(0.4 · t_max), the ceiling of 0.6 · t_max where the paper's
+  ⌊0.6 · t_max⌋ is used here (`anneal_start_frac`), and their target moves after τ is
+  updated, so each step aims at the previous step's target (the Choice above);
+- τ is not clamped;
+- the entropy fed to it is the actor's `entropy_loss` metric, which is only computed when the
+  entropy coefficient is non-zero; the released scripts set it to 0, so their temperature
+  never changes (ALGORITHM.md §9). Here every batch's mean token entropy is used.
 """
 
 from __future__ import annotations

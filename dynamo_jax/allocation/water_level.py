@@ -1,5 +1,6 @@
-"""Integer budget splitting: DynaMO's water-level fill (Alg. 1), E3's proportional fill, and the
-bounds/budget framework every policy shares (ALGORITHM.md §5-6).
+"""Integer budget splitting: DynaMO's water-level fill (Alg. 1), the split the DynaMO authors'
+script runs, E3's proportional fill, and the bounds/budget framework every policy shares
+(ALGORITHM.md §5-6).
 
 All functions work on positions 0..N-1 of one batch. Ties are broken by a per-prompt
 `tie_key` (the dense prompt index), never by position, so permuting a batch permutes the
@@ -78,13 +79,95 @@ def water_fill(
     return n
 
 
+# The authors' pour takes only prompts whose priority exceeds this (it zeroes smaller ones).
+AS_RUN_MIN_PRIORITY = 1e-8
+
+
+def _cut_from_top(n: np.ndarray, tie_key: np.ndarray, excess: int, lo: int) -> np.ndarray:
+    """Take `excess` units one at a time from the largest n_i above `lo`, ties by tie_key."""
+    n = n.copy()
+    while excess > 0:
+        top = n.max()
+        if top <= lo:
+            raise ValueError(f"cannot take {excess} more rollouts: every prompt is at {lo}")
+        at_top = np.flatnonzero(n == top)
+        take = at_top[np.argsort(tie_key[at_top], kind="stable")][:excess]
+        n[take] -= 1
+        excess -= take.size
+    return n
+
+
+def as_run_fill(
+    generated: np.ndarray,
+    priority: np.ndarray,
+    tie_key: np.ndarray,
+    budget: int,
+    lo: int,
+    hi: int,
+    explore_to: int,
+) -> np.ndarray:
+    """The DynaMO authors' split, `dynamo_ray_trainer.get_rollout_n_per_prompt` (63e5ec9).
+
+    With b = max(lo, explore_to) (their `initial_budget = max(n_low, 4)`):
+    1. exploration: a prompt with G_i < b gets e_i = min(b − G_i, hi); the others 0;
+    2. raise: everyone to at least lo, n_i = max(e_i, lo). If that exceeds the budget, their
+       scaled branch: n_i = max(⌊e_i · B / Σe⌋, lo), then one unit at a time off the largest
+       n_i (> lo) until Σn = B;
+    3. pour: while units are left, over E = {n_i < hi, P_i > 1e-8}: a_i = B_rem · P_i / Σ_E P,
+       ⌊a_i⌋ each, and the round's remainder B_rem − Σ⌊a⌋ one each to the largest fractional
+       parts; each capped at hi − n_i;
+    4. leftover (E empty, e.g. every priority is −1 in the first epoch): one each, cycling,
+       over the prompts below hi.
+    Needs N·lo <= budget <= N·hi.
+
+    **Choice**, where their code gives the same result whenever it keeps its own bounds:
+    - step 2's scaled branch also runs when Σe fits the budget but Σ max(e_i, lo) does not
+      (their code then raises the others only partly, leaving some below n_low; it cannot
+      happen with their b = n_low = 8, only with lo < explore_to and n_avg < explore_to);
+    - ties (equal fractional parts, equal n_i in the cut) go to the smaller tie_key, and the
+      leftover cycles in tie_key order skipping prompts at hi (theirs follow batch position,
+      and their fixed cycle could pass hi when the open prompts' room differs).
+    """
+    g = np.asarray(generated, dtype=np.float64)
+    p = np.asarray(priority, dtype=np.float64)
+    key = np.asarray(tie_key)
+    size = p.size
+    budget = int(budget)
+    if budget < size * lo or budget > size * hi:
+        raise ValueError(f"as_run_fill: budget {budget} outside [{size * lo}, {size * hi}]")
+    b = max(lo, explore_to)
+    explore = np.minimum(np.maximum(b - g, 0.0), hi).astype(np.int64)
+    n = np.maximum(explore, lo)
+    if n.sum() > budget:
+        scale = min(1.0, budget / explore.sum())  # their float scale, floored by astype
+        n = np.maximum((explore * scale).astype(np.int64), lo)
+        n = _cut_from_top(n, key, int(n.sum()) - budget, lo)
+    rem = budget - int(n.sum())
+    weight = np.where(p > AS_RUN_MIN_PRIORITY, p, 0.0)
+    while rem > 0:
+        e = np.flatnonzero((n < hi) & (weight > AS_RUN_MIN_PRIORITY))
+        if e.size == 0:
+            break
+        ideal = rem * (weight[e] / weight[e].sum())
+        add = np.floor(ideal)
+        extra = int(np.round(rem - add.sum()))
+        if extra > 0:
+            add[np.lexsort((key[e], -(ideal - add)))[:extra]] += 1
+        add = np.minimum(add, hi - n[e]).astype(np.int64)
+        n[e] += add
+        rem -= int(add.sum())
+    return give_round_robin(n, np.argsort(key, kind="stable"), rem, hi)
+
+
 def proportional_fill(
     score: np.ndarray, tie_key: np.ndarray, budget: int, lo: int, hi: int
 ) -> np.ndarray:
     """E3: n_i = lo + ⌊(B − N·lo) k_i / Σk⌋ (capped at hi), leftover one by one in descending k.
 
     The leftover cycles through the prompts (one unit each per pass) in descending k,
-    skipping those at hi. Needs N·lo <= budget <= N·hi.
+    skipping those at hi. Needs N·lo <= budget <= N·hi. (The E3 authors' code divides by
+    Σk + 1e-8, does not cap at hi, and gives the leftover greedily to the hardest prompt up to
+    hi; see `E3Allocator`.)
     """
     k = np.asarray(score, dtype=np.float64)
     rem = int(budget) - k.size * lo
