@@ -282,7 +282,13 @@ def record(
     # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
     row_of_id = {int(task.prompt_ids[r]): int(r) for r in rollouts.rows}
     group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
-    history.update(group_rows, groups["count"], groups["correct"], groups["reward_sum"])
+    history.update(
+        group_rows,
+        groups["count"],
+        groups["correct"],
+        groups["reward_sum"],
+        entropy_mean=groups["entropy_mean"],
+    )
     if rollouts.epoch_end:
         # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds, the
         # released heuristic refreshes its priorities (allocation/policies.py).
@@ -383,7 +389,9 @@ def rl_step(tr: Trainer, step: int) -> dict:
         tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
         tr.skipped_updates += int(skipped)
 
-    groups = batching.group_stats(batch.prompt_id, batch.rewards, batch.valid)
+    groups = batching.group_stats(
+        batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
+    )
     record(tr.history, tr.allocator, tr.scheduler, tr.task, rollouts, batch, groups, step)
     with _timed(timings, "weight_push"):
         tr.engine.update_weights(tr.state.params, step)

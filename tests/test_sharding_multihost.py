@@ -26,13 +26,25 @@ from dynamo_jax.sharding.multihost import (
     initialize_distributed,
     is_multiprocess,
     local_batch_rows,
-    local_rows_of,
     make_global_batch,
     resolve_distributed_config,
 )
 from dynamo_jax.sharding.rules import DEFAULT_RULES, batch_sharding, replicated
 from dynamo_jax.step.state import init_train_state
 from dynamo_jax.step.train_step import make_train_step
+
+
+def local_rows_of(x: jax.Array) -> np.ndarray:
+    """This process's rows of a batch-sharded global array, in order (replicas counted once).
+
+    Call on EVERY process; each gets its own `local_batch_rows` block (the whole array on one
+    process). For per-row host work such as logging a process's own sequences.
+    """
+    by_start = {}
+    for shard in x.addressable_shards:
+        start = (shard.index[0].start or 0) if shard.index else 0
+        by_start.setdefault(start, shard)
+    return np.concatenate([np.asarray(by_start[k].data) for k in sorted(by_start)])
 
 
 def test_env_vars_fill_unset_fields_and_config_wins():

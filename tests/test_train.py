@@ -275,6 +275,32 @@ def test_group_stats_by_prompt_id_not_position():
     np.testing.assert_array_equal(g["zero_variance"], [False, True])
 
 
+def test_group_stats_entropy_is_the_token_weighted_mean_per_prompt():
+    ids = np.array([4, 9, 4, 9, -1])
+    valid = np.array([True, True, True, True, False])
+    ent = np.array([[0.0, 1.0, 3.0], [0.0, 2.0, 0.0], [0.0, 5.0, 0.0], [7.0, 7.0, 7.0], [9, 9, 9]])
+    mask = np.array([[0, 1, 1], [0, 1, 0], [0, 1, 0], [0, 0, 0], [1, 1, 1]], np.float32)
+    g = batching.group_stats(ids, np.zeros(5, np.float32), valid, ent, mask)
+    # prompt 4: tokens 1, 3 (row 0) and 5 (row 2) → 9 / 3 = 3; prompt 9: token 2 (row 1), row 3
+    # has no trained token → 2 / 1 = 2. The padding row's 9s never count.
+    np.testing.assert_allclose(g["entropy_mean"], [3.0, 2.0])
+    none = batching.group_stats(ids[:2], np.zeros(2), valid[:2], ent[:2], np.zeros((2, 3)))
+    assert np.isnan(none["entropy_mean"]).all()
+
+
+def test_the_loop_feeds_each_prompts_entropy_to_the_allocator_history(tmp_path):
+    """dynamo_entropy's f(H̄_i) needs H̄_i: after step 1 the history holds the old-log-prob
+    pass's per-prompt entropy, so step 2's allocation knows it for the prompts seen before."""
+    config = _short_config(method="dynamo_entropy", steps=2, every=2)
+    assert train.run(from_config_dict(config), tmp_path)["status"] == "finished"
+    records = read_metrics(tmp_path)
+    assert records[0]["alloc/entropy_known_share"] == 0.0
+    assert records[1]["alloc/entropy_known_share"] > 0.0
+    _, _, host = _final_state(tmp_path, config)
+    known = np.isfinite(host["history"]["entropy_mean"])
+    assert known.sum() > 0 and (host["history"]["entropy_mean"][known] > 0).all()
+
+
 def test_export_and_evaluation_engine_from_a_run(tmp_path):
     """`python -m dynamo_jax.export` writes what transformers loads; `evaluate.make_engine`
     (what `python -m dynamo_jax.evaluate --checkpoint WORKDIR` uses) serves the run's weights."""

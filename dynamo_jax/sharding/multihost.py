@@ -253,16 +253,3 @@ def allgather_host(x: np.ndarray) -> np.ndarray:
     if jax.process_count() == 1:
         return x[None]
     return np.asarray(multihost_utils.process_allgather(x, tiled=False))
-
-
-def local_rows_of(x: jax.Array) -> np.ndarray:
-    """This process's rows of a batch-sharded global array, in order (replicas counted once).
-
-    Call on EVERY process; each gets its own `local_batch_rows` block (the whole array on one
-    process). For per-row host work such as logging a process's own sequences.
-    """
-    by_start = {}
-    for shard in x.addressable_shards:
-        start = (shard.index[0].start or 0) if shard.index else 0
-        by_start.setdefault(start, shard)
-    return np.concatenate([np.asarray(by_start[k].data) for k in sorted(by_start)])
