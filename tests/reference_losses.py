@@ -150,7 +150,8 @@ def policy_loss(inp: dict, cfg):
         per_tok = np.where(mask, -adv * r, 0.0)
         valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
         k_num = max(int(cfg.kl_cov_ratio * n_tok), 1)
-        for b, t in sorted(valid, key=lambda bt: -cov[bt])[:k_num]:
+        noise = np.asarray(inp["noise"], np.float64)  # ties at the cut: smallest noise first
+        for b, t in sorted(valid, key=lambda bt: (-cov[bt], noise[bt]))[:k_num]:
             per_tok[b, t] += cfg.kl_cov_coef * abs(log_r[b, t])
     loss = _aggregate(per_tok, mask, cfg)
     if cfg.baseline == "entropy_loss":

@@ -13,8 +13,9 @@ Sources and published hyperparameters are listed in `losses/config.py`.
   max(⌊r · N⌋, 1) get their gradient detached (loss term multiplied by 0), as in verl.
   Randomness: the caller supplies `TokenBatch.noise` ~ U[0, 1) per token and the tokens with
   the smallest noise win, so the pick is the same however the mini-batch is split.
-- KL-Cov (Cui et al. 2025): unclipped −A·r for all tokens; the top max(⌊k · N⌋, 1) tokens
-  by cov_t get + β · |log π − log π_old|.
+- KL-Cov (Cui et al. 2025): unclipped −A·r for all tokens; exactly max(⌊k · N⌋, 1) tokens,
+  the largest cov_t (ties at the cut broken by the step's per-token noise), get
+  + β · |log π − log π_old|, with the derivative of |·| taken as 0 at 0 as torch does.
 """
 
 from __future__ import annotations
@@ -59,18 +60,39 @@ def clip_cov_threshold(batch: TokenBatch, r, logp_mean, adv_mean, n_tokens, cfg)
     return kth_smallest(require_noise(batch), cand, clip_num)
 
 
-def kl_cov_threshold(batch: TokenBatch, logp_mean, adv_mean, n_tokens, cfg):
-    """Covariance cut: the k_num-th largest covariance among valid tokens."""
+def kl_cov_cuts(batch: TokenBatch, logp_mean, adv_mean, n_tokens, cfg):
+    """(covariance cut, noise cut) that select exactly k = max(⌊ratio · N⌋, 1) tokens.
+
+    The cut is the k-th largest covariance t; every token above t is selected, and of the tokens
+    tied at t the ones with the smallest noise fill the remaining k − #(cov > t) places (verl's
+    `torch.topk` picks exactly k and leaves the order of ties unspecified).
+    """
     mask = as_mask(batch.mask)
     cov = token_covariance(batch.logp, batch.adv, logp_mean, adv_mean)
     k_num = jnp.maximum(jnp.floor(cfg.kl_cov_ratio * n_tokens), 1.0).astype(jnp.int32)
-    return -kth_smallest(-cov, mask, k_num)
+    cut = -kth_smallest(-cov, mask, k_num)
+    above = jnp.sum(mask & (cov > cut)).astype(jnp.int32)
+    tie_cut = kth_smallest(require_noise(batch), mask & (cov == cut), k_num - above)
+    return cut, tie_cut
+
+
+def kl_cov_selected(batch: TokenBatch, logp_mean, adv_mean, cut, tie_cut):
+    """The tokens KL-Cov penalises: above the covariance cut, or tied at it within the noise cut."""
+    cov = token_covariance(batch.logp, batch.adv, logp_mean, adv_mean)
+    tied = (cov == cut) & (require_noise(batch) <= tie_cut)
+    return as_mask(batch.mask) & ((cov > cut) | tied)
+
+
+def abs_zero_at_zero(x):
+    """|x| whose derivative at 0 is 0 (torch's abs), not JAX's +1: a token whose log-ratio is
+    exactly 0 (every token of a first PPO pass) sits at the penalty's minimum."""
+    return jnp.where(x == 0, 0.0, jnp.abs(x))
 
 
 def require_noise(batch: TokenBatch):
     if batch.noise is None:
         raise ValueError(
-            "baseline 'clip_cov' needs TokenBatch.noise (uniform [0, 1) per token, drawn once "
+            "the clip_cov and kl_cov variants need TokenBatch.noise (uniform [0, 1) per token, drawn once "
             "per mini-batch, e.g. jax.random.uniform(key, mask.shape))"
         )
     return batch.noise

@@ -34,7 +34,7 @@ class ModStats(NamedTuple):
     """Reductions over the WHOLE optimizer mini-batch (all micro-batches, all devices).
 
     Under a jit over a mesh, the plain jnp reductions in `minibatch_stats` are already global.
-    `threshold` is baseline-specific: the Fork-Tokens entropy quantile, Clip-Cov's noise cut,
+    `threshold` is variant-specific: the Fork-Tokens entropy quantile, Clip-Cov's noise cut,
     or KL-Cov's covariance cut (0 otherwise).
     """
 
@@ -46,6 +46,7 @@ class ModStats(NamedTuple):
     logp_mean: jax.Array  # mean log π over valid tokens (covariance baselines)
     adv_mean: jax.Array  # mean A over valid tokens (covariance baselines)
     threshold: jax.Array
+    tie_cut: jax.Array  # KL-Cov: noise cut among tokens tied at `threshold` (0 otherwise)
 
 
 def as_mask(mask) -> jax.Array:

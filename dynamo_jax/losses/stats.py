@@ -28,9 +28,8 @@ def minibatch_stats(batch: TokenBatch, cfg: LossConfig) -> ModStats:
     n_tokens = jnp.sum(mask).astype(jnp.float32)
     n_seqs = jnp.sum(mask.any(axis=-1)).astype(jnp.float32)
     zero = jnp.float32(0.0)
-    fields = dict(
-        h_min=zero, h_max=zero, xi_max=zero, logp_mean=zero, adv_mean=zero, threshold=zero
-    )
+    names = ModStats._fields[2:]  # after n_tokens, n_seqs: the variant-specific statistics
+    fields = dict.fromkeys(names, zero)
     variant = registry.get(cfg.baseline)
     if variant.statistics is not None:
         extra = variant.statistics(batch, n_tokens, cfg)

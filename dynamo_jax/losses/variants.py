@@ -102,14 +102,16 @@ def _clip_cov_token_loss(batch, stats, adv_hat, r, log_r, cfg):
 
 def _kl_cov_statistics(batch, n_tokens, cfg):
     logp_mean, adv_mean = _covariance_means(batch)
-    threshold = baselines.kl_cov_threshold(batch, logp_mean, adv_mean, n_tokens, cfg)
-    return {"logp_mean": logp_mean, "adv_mean": adv_mean, "threshold": threshold}
+    cut, tie_cut = baselines.kl_cov_cuts(batch, logp_mean, adv_mean, n_tokens, cfg)
+    return {"logp_mean": logp_mean, "adv_mean": adv_mean, "threshold": cut, "tie_cut": tie_cut}
 
 
 def _kl_cov_token_loss(batch, stats, adv_hat, r, log_r, cfg):
-    cov = baselines.token_covariance(batch.logp, batch.adv, stats.logp_mean, stats.adv_mean)
-    penalised = as_mask(batch.mask) & (cov >= stats.threshold)
-    return -adv_hat * r + jnp.where(penalised, cfg.kl_cov_coef * jnp.abs(log_r), 0.0)
+    penalised = baselines.kl_cov_selected(
+        batch, stats.logp_mean, stats.adv_mean, stats.threshold, stats.tie_cut
+    )
+    penalty = cfg.kl_cov_coef * baselines.abs_zero_at_zero(log_r)
+    return -adv_hat * r + jnp.where(penalised, penalty, 0.0)
 
 
 def _w_reinforce_advantages(cfg, rewards_B, group_ids_B, num_groups, valid_B):
@@ -179,6 +181,7 @@ register(
         dict(clip_low=0.2, clip_high=0.2, kl_cov_ratio=2e-3, kl_cov_coef=1.0, **_NO_DUAL),
         token_loss=_kl_cov_token_loss,
         statistics=_kl_cov_statistics,
+        needs_noise=True,  # breaks ties at the covariance cut
     )
 )
 register(
