@@ -8,6 +8,11 @@ produces: a reasoning preamble (the problem restated, some LaTeX), then the gold
 a wrong box, an equivalent rewrite, a revised second box, "the answer is ..." without a box,
 or no answer at all. Both sides score the same list; the peer is `score_one` in this process
 (same parser, same time limit). Prints verdicts/s of each and the ratio pool / single.
+
+It also prints the cost of making each verdict independent of earlier items (`score_one`
+clears SymPy's and math-verify's caches before every item): the same list scored in this
+process with that reset switched off (caches kept across items), in CPU
+time, first, so that neither pass finds the other's cache warm.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import time
 from pathlib import Path
 
 from dynamo_jax.data import load_rows
-from dynamo_jax.rewards import RewardConfig, RewardPool, score_one
+from dynamo_jax.rewards import RewardConfig, RewardPool, math_check, score_one
+from dynamo_jax.rewards.worker import warm_up
 
 TRAIN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math" / "train.parquet"
 
@@ -88,6 +94,16 @@ def main() -> None:
         f"{args.workers} workers, CPU count {os.cpu_count()}"
     )
 
+    warm_up(cfg)
+    reset = math_check._reset_state
+    math_check._reset_state = lambda: None
+    try:
+        cpu = time.process_time()
+        kept = [score_one(t, g, cfg) for t, g in zip(texts, golds)]
+        kept_cpu = time.process_time() - cpu
+    finally:
+        math_check._reset_state = reset
+
     start, cpu = time.perf_counter(), time.process_time()
     single = [score_one(t, g, cfg) for t, g in zip(texts, golds)]
     single_s, single_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -102,6 +118,7 @@ def main() -> None:
         pool_cpu = _cpu_s(pids) - cpu if same else float("nan")
 
     agree = sum(a.status == b.status for a, b in zip(single, pooled))
+    agree_kept = sum(a.status == b.status for a, b in zip(single, kept))
     print("statuses (single):", dict(collections.Counter(v.status for v in single)))
     print(f"single process : {args.num / single_s:8.1f} verdicts/s  ({single_s:.1f} s)")
     print(f"pool ({args.workers} workers): {args.num / pool_s:8.1f} verdicts/s  ({pool_s:.1f} s)")
@@ -109,6 +126,11 @@ def main() -> None:
     print(
         f"CPU ms per verdict: single {1e3 * single_cpu / args.num:.2f}, "
         f"pool workers {1e3 * pool_cpu / args.num:.2f}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"per-item state reset: {1e3 * single_cpu / args.num:.2f} CPU ms per verdict vs "
+        f"{1e3 * kept_cpu / args.num:.2f} with caches kept across items; ratio "
+        f"{single_cpu / kept_cpu:.2f}x; identical statuses: {agree_kept}/{args.num}"
     )
 
 
