@@ -182,7 +182,7 @@ def _json_line(raw: bytes):
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        return _FieldError("<line>", f"invalid JSON ({exc.msg} at column {exc.colno})")
+        return _FieldError("<line>", f"invalid JSON ({exc.msg}: column {exc.colno})")
     except RecursionError:
         return _FieldError("<line>", "JSON nested too deeply to parse")
     except ValueError as exc:  # e.g. an integer longer than Python's int-conversion limit
