@@ -340,3 +340,17 @@ def test_data_error_is_the_project_wide_user_error():
     from dynamo_jax import errors
 
     assert DataError is errors.DataError and issubclass(DataError, ValueError)
+
+
+def test_invalid_json_line_names_its_column(tmp_path):
+    # Columns count within the line, without its newline: `{"prompt": "q"` ends at column 14.
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, b'{"prompt": "q"', b'{"prompt": "q'])
+    with pytest.raises(DataError) as info:
+        load_rows(path)
+    assert str(info.value) == (
+        f"{path}: line 2: field '<line>': invalid JSON (Expecting ',' delimiter: column 15)"
+    )
+    rows, report = read_rows(path, on_bad_row="skip")
+    assert report.skip_reasons[1] == (
+        f"{path}: line 3: field '<line>': invalid JSON (Unterminated string starting at: column 12)"
+    )

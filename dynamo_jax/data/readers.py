@@ -174,7 +174,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
 def _json_line(raw: bytes):
     """One parsed JSONL line, or the `_FieldError` that says why it is not one."""
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8").rstrip("\r\n")  # column numbers within this line
     except UnicodeDecodeError as exc:
         return _FieldError(
             "<line>", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at position {exc.start} of the line)"
