@@ -8,6 +8,13 @@ produces: a reasoning preamble (the problem restated, some LaTeX), then the gold
 a wrong box, an equivalent rewrite, a revised second box, "the answer is ..." without a box,
 or no answer at all. Both sides score the same list; the peer is `score_one` in this process
 (same parser, same time limit). Prints verdicts/s of each and the ratio pool / single.
+
+It also prints the cost of making each verdict independent of earlier items (`score_one`
+clears SymPy's and math-verify's caches before every item): the first `--reset_num`
+completions scored again in this process with that reset switched off (caches kept across
+items) and on, in CPU time. Both passes run after the single-process pass, whose first sight
+of each answer also warms state that the reset leaves alone and that only affects speed (the
+ANTLR parser's lazily built DFA), so neither pass pays that cost for the other.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import time
 from pathlib import Path
 
 from dynamo_jax.data import load_rows
-from dynamo_jax.rewards import RewardConfig, RewardPool, score_one
+from dynamo_jax.rewards import RewardConfig, RewardPool, math_check, score_one
 
 TRAIN = Path(__file__).resolve().parents[1] / "data" / "math" / "train.parquet"
 
@@ -80,6 +87,7 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--timeout_s", type=float, default=5.0)
+    parser.add_argument("--reset_num", type=int, default=2000)
     args = parser.parse_args()
     texts, golds = make_completions(args.num)
     cfg = RewardConfig(num_workers=args.workers, timeout_s=args.timeout_s)
@@ -91,6 +99,20 @@ def main() -> None:
     start, cpu = time.perf_counter(), time.process_time()
     single = [score_one(t, g, cfg) for t, g in zip(texts, golds)]
     single_s, single_cpu = time.perf_counter() - start, time.process_time() - cpu
+
+    n = min(args.num, args.reset_num)
+    reset_cpu = {}
+    reset = math_check._reset_state
+    for mode in ("kept", "reset"):
+        math_check._reset_state = reset if mode == "reset" else (lambda: None)
+        try:
+            cpu = time.process_time()
+            again = [score_one(t, g, cfg) for t, g in zip(texts[:n], golds[:n])]
+            reset_cpu[mode] = time.process_time() - cpu
+        finally:
+            math_check._reset_state = reset
+        if mode == "kept":
+            agree_kept = sum(a.status == b.status for a, b in zip(single, again))
 
     with RewardPool(cfg) as pool:
         pool.score(texts[:16], golds[:16])  # workers up and warm before the clock starts
@@ -109,6 +131,11 @@ def main() -> None:
     print(
         f"CPU ms per verdict: single {1e3 * single_cpu / args.num:.2f}, "
         f"pool workers {1e3 * pool_cpu / args.num:.2f}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"per-item state reset ({n} completions): {1e3 * reset_cpu['reset'] / n:.2f} CPU ms per "
+        f"verdict vs {1e3 * reset_cpu['kept'] / n:.2f} with caches kept across items; ratio "
+        f"{reset_cpu['reset'] / reset_cpu['kept']:.2f}x; identical statuses: {agree_kept}/{n}"
     )
 
 

@@ -1,5 +1,6 @@
 """Prompt construction through the tokenizer's chat template, and the length limit."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dynamo_jax.data import QWEN_MATH_SYSTEM_PROMPT, DataConfig, build_prompts, load_rows
 from dynamo_jax.data.rows import Row
+from dynamo_jax.errors import ConfigError, DataError
 
 MATH = Path(__file__).resolve().parents[1] / "data" / "math"
 
@@ -124,3 +126,46 @@ def test_data_config_validation_names_fields():
     with pytest.raises(ValueError, match="DataConfig.synthetic_modulus"):
         DataConfig(synthetic_modulus=11)
     assert DataConfig(task="math", paths="a.jsonl").paths == ("a.jsonl",)
+
+
+# Qwen3-style: a system message anywhere but first is refused by the template itself.
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+    "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_row_the_chat_template_refuses_names_its_file_and_row(tmp_path, tokenizer):
+    # The reader accepts a system message after the first; this template does not, and its
+    # jinja2 TemplateError used to reach the user without the file or row.
+    strict = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer,
+        eos_token="<|im_end|>",
+        chat_template=STRICT_TEMPLATE,
+    )
+    late_system = [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+1?"},
+    ]
+    path = tmp_path / "data.jsonl"
+    lines = [{"prompt": "2+2?", "answer": "4"}, {"prompt": late_system, "answer": "2"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    cfg = DataConfig(task="math", paths=(str(path),), system_prompt="")
+    with pytest.raises(DataError) as info:
+        build_prompts(load_rows(path), strict, cfg)
+    assert str(info.value) == (
+        f"{path} line 2: field 'prompt': the tokenizer's chat template rejects it "
+        "(System message must be at the beginning.)"
+    )
+    unread = Row(7, 3, tuple(late_system), "2", "t")  # built in code: no file to name
+    with pytest.raises(DataError, match=r"^row 3 \(prompt id 7\): field 'prompt'"):
+        build_prompts([unread], strict, cfg)
+
+
+def test_tokenizer_without_chat_template_is_a_config_error(tokenizer):
+    bare = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer)
+    with pytest.raises(ConfigError, match="has no chat template"):
+        build_prompts([], bare, DataConfig(task="math", paths=("x",)))

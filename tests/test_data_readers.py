@@ -1,6 +1,7 @@
 """Dataset readers: every shared math row loads; ids are stable and unique; bad rows are named."""
 
 import collections
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -202,3 +203,154 @@ def test_parquet_missing_column_and_unknown_extension(tmp_path):
         load_rows(_jsonl(tmp_path, [GOOD], "data.txt"))
     with pytest.raises(DataError, match="no such file"):
         load_rows(tmp_path / "absent.jsonl")
+
+
+def _jsonl_bytes(tmp_path, lines: list[bytes], name="data.jsonl"):
+    path = tmp_path / name
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+GOOD_LINE = json.dumps(GOOD).encode()
+DEEP = 100_000
+
+# (id, raw line 2, field named in the error, words in the error)
+UNREADABLE_LINES = [
+    ("latin-1", '{"prompt": "caf\xe9?", "answer": "2"}'.encode("latin-1"), "<line>", "not UTF-8"),
+    ("nul-and-ff", b'{"prompt": "\xff\x00", "answer": "2"}', "<line>", "not UTF-8"),
+    ("surrogate-prompt", b'{"prompt": "\\ud800", "answer": "2"}', "prompt", "lone surrogate"),
+    ("surrogate-answer", b'{"prompt": "q", "answer": "\\udfff"}', "answer", "lone surrogate"),
+    ("surrogate-source", b'{"prompt": "q", "answer": "2", "source": "\\ud800"}', "source", "lone"),
+    (
+        "surrogate-message",
+        b'{"prompt": [{"role": "user", "content": "x\\ud83d"}], "answer": "2"}',
+        "prompt[0].content",
+        "lone surrogate",
+    ),
+    ("surrogate-id", b'{"prompt": "q", "answer": "2", "id": "\\ud800"}', "id", "not valid Unicode"),
+    ("deep-array", b"[" * DEEP + b"]" * DEEP, "<line>", "nested too deeply"),
+    (
+        "deep-object",
+        b'{"prompt": ' + b'{"a": ' * DEEP + b"1" + b"}" * DEEP + b"}",
+        "<line>",
+        "deep",
+    ),
+    ("huge-int", b'{"prompt": "q", "answer": ' + b"9" * 5000 + b"}", "<line>", "invalid JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    "raw, field, words", [c[1:] for c in UNREADABLE_LINES], ids=[c[0] for c in UNREADABLE_LINES]
+)
+def test_undecodable_jsonl_line_is_an_error_or_a_counted_skip(tmp_path, caplog, raw, field, words):
+    # Non-UTF-8 bytes, `"\ud800"` (valid JSON, invalid Unicode) and 100k-deep nesting used to
+    # crash both modes with a bare UnicodeDecodeError / UnicodeEncodeError / RecursionError.
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, raw, json.dumps(GOOD | {"prompt": "3?"}).encode()])
+    with pytest.raises(DataError) as info:
+        load_rows(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: line 2: field '{field}': ") and words in message, message
+    with caplog.at_level(logging.WARNING, logger="dynamo_jax.data.readers"):
+        rows, report = read_rows(path, on_bad_row="skip")
+    assert [r.messages[0]["content"] for r in rows] == ["1+1?", "3?"]
+    assert (report.loaded, report.skipped) == (2, 1)
+    assert f"{path}: line 2: field '{field}'" in caplog.text and "skipped 1" in caplog.text
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path):
+    path = _jsonl_bytes(tmp_path, [b"\xef\xbb\xbf" + GOOD_LINE, GOOD_LINE.replace(b"1+1", b"2+2")])
+    rows = load_rows(path)
+    assert [r.messages[0]["content"] for r in rows] == ["1+1?", "2+2?"]
+    # The mark is not part of the data: same id as the file without it.
+    plain = _jsonl_bytes(tmp_path, [GOOD_LINE], "plain.jsonl")
+    assert rows[0].prompt_id == load_rows(plain)[0].prompt_id
+    # Only at the start of the file; elsewhere it is a bad line.
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, b"\xef\xbb\xbf" + GOOD_LINE], "late.jsonl")
+    with pytest.raises(DataError, match=r"line 2: field '<line>': invalid JSON"):
+        load_rows(path)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _unreadable_files(tmp_path) -> dict[str, tuple[Path, str]]:
+    good = _parquet(tmp_path, [_verl("a"), _verl("b")]).read_bytes()
+    empty_table = pa.Table.from_pylist([_verl()]).slice(0, 0)
+    pq.write_table(empty_table, tmp_path / "zero_rows.parquet")
+    (tmp_path / "dir.jsonl").mkdir()
+    return {
+        "text-as-parquet": (
+            _write(tmp_path / "text.parquet", b"hello\n"),
+            "not a readable parquet",
+        ),
+        "jsonl-as-parquet": (_write(tmp_path / "j.parquet", GOOD_LINE), "not a readable parquet"),
+        "truncated-parquet": (_write(tmp_path / "cut.parquet", good[:-50]), "not a readable"),
+        "empty-parquet": (_write(tmp_path / "empty.parquet", b""), "the file is empty"),
+        "empty-jsonl": (_write(tmp_path / "empty.jsonl", b""), "the file is empty"),
+        "blank-jsonl": (_write(tmp_path / "blank.jsonl", b"\n  \n\n"), "no rows"),
+        "zero-row-parquet": (tmp_path / "zero_rows.parquet", "no rows"),
+        "directory": (tmp_path / "dir.jsonl", "not a file"),
+    }
+
+
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_unreadable_or_empty_file_is_an_error_naming_it(tmp_path, on_bad_row):
+    # A non-parquet file raised pyarrow's ArrowInvalid; an empty JSONL file loaded as 0 rows.
+    for name, (path, words) in _unreadable_files(tmp_path).items():
+        with pytest.raises(DataError) as info:
+            read_rows(path, on_bad_row=on_bad_row)
+        message = str(info.value)
+        assert message.startswith(f"{path}: ") and words in message, (name, message)
+
+
+def test_file_whose_every_row_is_bad_is_an_error_in_skip_mode(tmp_path):
+    path = _jsonl(tmp_path, [{"prompt": 1, "answer": "2"}, "{oops"])
+    with pytest.raises(DataError) as info:
+        read_rows(path, on_bad_row="skip")
+    assert str(info.value) == (
+        f"{path}: no usable rows (2 bad row(s) skipped; first: line 1: field 'prompt': "
+        "must be a string or a list of messages, got int)"
+    )
+
+
+@pytest.mark.parametrize("content", ["", "  \n"])
+@pytest.mark.parametrize("role", ["user", "system"])
+def test_message_with_empty_content_names_file_row_and_field(tmp_path, content, role):
+    messages = [{"role": role, "content": content}, {"role": "user", "content": "1+1?"}]
+    jsonl = _jsonl(tmp_path, [GOOD, {"prompt": messages, "answer": "2"}])
+    with pytest.raises(DataError, match=rf"^{jsonl}: line 2: field 'prompt\[0\].content': empty$"):
+        load_rows(jsonl)
+    parquet = _parquet(tmp_path, [_verl("a"), _verl("b") | {"prompt": messages}])
+    with pytest.raises(DataError, match=rf"^{parquet}: row 1: field 'prompt\[0\].content': empty$"):
+        load_rows(parquet)
+
+
+def test_rows_remember_where_they_were_read(tmp_path):
+    path = _jsonl(tmp_path, [GOOD, "", GOOD | {"prompt": "3?"}])
+    assert [r.origin for r in load_rows(path)] == [f"{path} line 1", f"{path} line 3"]
+    parquet = _parquet(tmp_path, [_verl("a"), _verl("b")])
+    rows = load_rows(parquet)
+    assert [r.origin for r in rows] == [f"{parquet} row 0", f"{parquet} row 1"]
+    assert rows[0] == dataclasses.replace(rows[0], origin="elsewhere")  # not part of identity
+
+
+def test_data_error_is_the_project_wide_user_error():
+    from dynamo_jax import errors
+
+    assert DataError is errors.DataError and issubclass(DataError, ValueError)
+
+
+def test_invalid_json_line_names_its_column(tmp_path):
+    # Columns count within the line, without its newline: `{"prompt": "q"` ends at column 14.
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, b'{"prompt": "q"', b'{"prompt": "q'])
+    with pytest.raises(DataError) as info:
+        load_rows(path)
+    assert str(info.value) == (
+        f"{path}: line 2: field '<line>': invalid JSON (Expecting ',' delimiter: column 15)"
+    )
+    rows, report = read_rows(path, on_bad_row="skip")
+    assert report.skip_reasons[1] == (
+        f"{path}: line 3: field '<line>': invalid JSON (Unterminated string starting at: column 12)"
+    )

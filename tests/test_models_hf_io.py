@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+from dynamo_jax.errors import ConfigError, DataError, UserError
 from dynamo_jax.models import hf_io, qwen
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.presets import get_preset
@@ -253,3 +254,114 @@ def test_write_hf_safetensors_matches_per_tensor_mapping(tmp_path, monkeypatch, 
                     assert np.array_equal(got[name], value), name
             chunks = list(hf_io.iter_hf_chunks(params, cfg, dtype=dtype, on_device=on_device))
             assert sum(len(entries) for entries, _ in chunks) == len(want)
+
+
+def _copy_checkpoint(src, dst):
+    dst.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (dst / name).write_bytes((src / name).read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize(
+    "keep_bytes",
+    [lambda n: n - 1, lambda n: n // 2, lambda n: 100, lambda n: 5, lambda n: 0],
+    ids=["last-byte", "half", "mid-header", "5-bytes", "empty"],
+)
+def test_truncated_safetensors_names_the_file(ckpts, tmp_path, keep_bytes):
+    # A cut file raised safetensors' bare SafetensorError ("incomplete metadata, file not
+    # fully covered"), which names no file.
+    bad = _copy_checkpoint(ckpts[("qwen3", True)], tmp_path / "cut")
+    weights = bad / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: keep_bytes(len(data))])
+    with pytest.raises(DataError, match=rf"^{weights}: not a readable safetensors file \("):
+        hf_io.load_hf_checkpoint(bad)
+
+
+def test_unreadable_weights_index_names_the_file(ckpts, tmp_path):
+    bad = _copy_checkpoint(ckpts[("qwen3", True)], tmp_path / "index")
+    index = bad / "model.safetensors.index.json"
+    index.write_text("{oops")
+    with pytest.raises(DataError, match=rf"^{index}: invalid JSON \("):
+        hf_io.load_hf_checkpoint(bad)
+    index.write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(DataError, match=rf"^{index}: needs a 'weight_map' object"):
+        hf_io.load_hf_checkpoint(bad)
+
+
+def _with_config(src, dst, text: str | bytes):
+    bad = _copy_checkpoint(src, dst)
+    config = bad / "config.json"
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return bad, config
+
+
+def _edited(src, **changes) -> str:
+    hf = json.loads((src / "config.json").read_text())
+    hf.update(changes)
+    return json.dumps({k: v for k, v in hf.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    "make_text, words",
+    [
+        (lambda src: "{not json", "invalid JSON (Expecting property name"),
+        (lambda src: "", "invalid JSON (Expecting value: line 1 column 1)"),
+        (lambda src: (src / "config.json").read_text()[:-40], "invalid JSON ("),
+        (lambda src: '{"model_type": "qwen3\xff"}'.encode("latin-1"), "invalid JSON ("),
+        (lambda src: "[1, 2]", "must be a JSON object, got list"),
+        (lambda src: "[" * 100_000, "invalid JSON (nested too deeply)"),
+        (lambda src: _edited(src, hidden_size=None), "is missing 'hidden_size'"),
+        (lambda src: _edited(src, num_attention_heads=None), "missing 'num_attention_heads'"),
+        (lambda src: _edited(src, hidden_size="64"), "hidden_size must be a positive int"),
+        (lambda src: _edited(src, num_hidden_layers=-1), "num_layers must be a positive int"),
+        (lambda src: _edited(src, rms_norm_eps="small"), "could not convert string to float"),
+        (lambda src: _edited(src, model_type="llama"), "unsupported model_type 'llama'"),
+    ],
+    ids=[
+        "syntax",
+        "empty",
+        "truncated",
+        "not-utf8",
+        "list",
+        "deep",
+        "no-hidden-size",
+        "no-heads",
+        "str-size",
+        "negative-layers",
+        "str-eps",
+        "llama",
+    ],
+)
+def test_invalid_config_json_names_the_file(ckpts, tmp_path, make_text, words):
+    # These raised a bare JSONDecodeError / AttributeError / KeyError, or a ValueError naming
+    # "config.json" but not which one.
+    src = ckpts[("qwen3", True)]
+    bad, config = _with_config(src, tmp_path / "bad", make_text(src))
+    with pytest.raises(ConfigError) as info:
+        hf_io.load_hf_checkpoint(bad)
+    message = str(info.value)
+    assert message.startswith(f"{config}: ") and words in message, message
+
+
+def test_config_json_of_another_family_names_the_file(ckpts, tmp_path):
+    src = ckpts[("qwen3", True)]
+    bad, config = _with_config(src, tmp_path / "fam", _edited(src, model_type="qwen2"))
+    cfg = ModelConfig.from_hf_config(json.loads((src / "config.json").read_text()))
+    with pytest.raises(ConfigError, match=rf"^{config}: model_type 'qwen2' != model.family"):
+        hf_io.load_hf_checkpoint(bad, cfg=cfg)
+
+
+def test_model_file_errors_keep_their_old_base_classes(ckpts, tmp_path):
+    # Callers that caught ValueError (config.json, tensors) still do; missing files stay
+    # FileNotFoundError.
+    src = ckpts[("qwen3", True)]
+    bad, _ = _with_config(src, tmp_path / "v", "{")
+    with pytest.raises(ValueError):
+        hf_io.load_hf_checkpoint(bad)
+    tensors = load_file(str(src / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    with pytest.raises(ValueError):
+        hf_io.load_hf_checkpoint(_copy_with_tensors(src, tmp_path / "t", tensors))
+    assert issubclass(ConfigError, UserError) and issubclass(DataError, UserError)

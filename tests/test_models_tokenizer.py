@@ -4,6 +4,7 @@ import base64
 
 import pytest
 
+from dynamo_jax.errors import DataError
 from dynamo_jax.models import tokenizer as tk
 from dynamo_jax.models.presets import get_preset
 
@@ -99,3 +100,33 @@ def test_errors(tmp_path):
         tk.make_tiny_tokenizer()
     with pytest.raises(ValueError, match="vocab_size must be >= 259"):
         tk.make_tiny_tokenizer(["abc"], vocab_size=100)
+
+
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("tokenizer.json", "{not json", "invalid JSON (Expecting property name"),
+        ("tokenizer.json", "", "invalid JSON (Expecting value: line 1 column 1)"),
+        ("tokenizer.json", None, "invalid JSON ("),  # truncated: the first 200 characters
+        ("tokenizer_config.json", "{oops", "invalid JSON (Expecting property name"),
+        ("tokenizer_config.json", "[]", "must be a JSON object, got list"),
+        ("special_tokens_map.json", "\xff", "invalid JSON ("),
+    ],
+)
+def test_damaged_tokenizer_file_is_named(tmp_path, name, text, words):
+    # These raised a bare JSONDecodeError from inside transformers, naming no file.
+    tk.make_tiny_tokenizer(["abc abd abe " * 20], vocab_size=300, out_dir=tmp_path)
+    file = tmp_path / name
+    original = file.read_text() if file.is_file() else ""
+    file.write_bytes((original[:200] if text is None else text).encode("latin-1"))
+    with pytest.raises(DataError) as info:
+        tk.load_tokenizer(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{file}: ") and words in message, message
+
+
+def test_tokenizer_json_the_library_rejects_names_the_directory(tmp_path):
+    tk.make_tiny_tokenizer(["abc abd abe " * 20], vocab_size=300, out_dir=tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}')
+    with pytest.raises(DataError, match=rf"^{tmp_path}: cannot load the tokenizer \("):
+        tk.load_tokenizer(tmp_path)

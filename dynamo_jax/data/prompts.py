@@ -7,6 +7,9 @@ Over-long prompts (more than `max_prompt_tokens` ids after templating) are eithe
 ("filter") or cut from the left ("truncate_left": keep the last `max_prompt_tokens` ids, as
 verl's `truncation="left"` does; the question's end and the assistant header survive, the
 system prompt may not). Both counts are reported.
+
+A row the chat template refuses (templates may `raise_exception`, e.g. on a system message
+that is not first) is a `DataError` naming the file and row it came from.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+import jinja2
+
 from dynamo_jax.data.config import DataConfig
 from dynamo_jax.data.rows import Message, Row
+from dynamo_jax.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,16 @@ def render_prompt(messages: Sequence[Message], tokenizer, system_prompt: str) ->
     )
 
 
+def _render_row(row: Row, tokenizer, system_prompt: str) -> str:
+    try:
+        return render_prompt(row.messages, tokenizer, system_prompt)
+    except jinja2.TemplateError as exc:
+        where = row.origin or f"row {row.index} (prompt id {row.prompt_id})"
+        raise DataError(
+            f"{where}: field 'prompt': the tokenizer's chat template rejects it ({exc})"
+        ) from None
+
+
 def build_prompts(rows: Sequence[Row], tokenizer, cfg: DataConfig) -> PromptSet:
     """Template and tokenize every row, then apply the length limit.
 
@@ -58,8 +74,12 @@ def build_prompts(rows: Sequence[Row], tokenizer, cfg: DataConfig) -> PromptSet:
     encodes the rendered text without adding special tokens (tested).
     """
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("build_prompts: the tokenizer has no chat template")
-    texts = [render_prompt(row.messages, tokenizer, cfg.system_prompt) for row in rows]
+        name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+        raise ConfigError(
+            f"{name}: the tokenizer has no chat template ('chat_template' in "
+            "tokenizer_config.json or chat_template.jinja)"
+        )
+    texts = [_render_row(row, tokenizer, cfg.system_prompt) for row in rows]
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     limit = cfg.max_prompt_tokens
     kept_rows, kept_ids = [], []

@@ -7,6 +7,11 @@ JSONL: one object a line with `prompt` (str, or a message list), `answer` (str),
 
 A malformed row raises `DataError` naming the file, the row (parquet: 0-based row; JSONL:
 1-based line) and the field; with on_bad_row="skip" it is counted, logged and dropped instead.
+A JSONL line is malformed also when it is not UTF-8, not JSON, nested too deeply for the
+parser, or holds a string that is not valid Unicode (a lone surrogate escape such as
+`"\\ud800"`, which `json` accepts but nothing downstream can encode); a UTF-8 byte-order mark
+at the start of the file is accepted. A file that cannot be read at all (missing, empty, not
+parquet, no rows) raises `DataError` naming it, whatever on_bad_row says.
 Ground truths that are present but empty load (6 training rows have one); they are counted in
 the report because no completion can ever be scored correct against them.
 """
@@ -21,18 +26,19 @@ import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dynamo_jax.data.rows import ROLES, Message, Row, content_id, explicit_id
+from dynamo_jax.errors import DataError
 
 logger = logging.getLogger(__name__)
 
 PARQUET_COLUMNS = ("data_source", "prompt", "reward_model")
 _MAX_LOGGED_SKIPS = 10
+_BOM = b"\xef\xbb\xbf"
 
-
-class DataError(ValueError):
-    """A dataset file or row is malformed."""
+__all__ = ["DataError", "IdAssigner", "LoadReport", "load_files", "load_rows", "read_rows"]
 
 
 class _FieldError(Exception):
@@ -63,11 +69,23 @@ def detect_format(path: str | Path, fmt: str = "auto") -> str:
     raise DataError(f"{path}: cannot tell the format from the extension {suffix!r}; set format")
 
 
+def _unicode(field: str, value: str) -> str:
+    """`value` if it encodes as UTF-8 (JSON's `\\ud800` escape decodes to a str that does not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _FieldError(
+            field,
+            f"not valid Unicode: lone surrogate {value[exc.start]!r} at character {exc.start}",
+        ) from None
+    return value
+
+
 def _messages(value, field: str) -> tuple[Message, ...]:
     if isinstance(value, str):
         if not value.strip():
             raise _FieldError(field, "empty prompt")
-        return ({"role": "user", "content": value},)
+        return ({"role": "user", "content": _unicode(field, value)},)
     if not isinstance(value, list | tuple):
         raise _FieldError(
             field, f"must be a string or a list of messages, got {type(value).__name__}"
@@ -87,7 +105,9 @@ def _messages(value, field: str) -> tuple[Message, ...]:
             raise _FieldError(
                 f"{field}[{i}].content", f"must be a str, got {type(content).__name__}"
             )
-        messages.append({"role": role, "content": content})
+        if not content.strip():
+            raise _FieldError(f"{field}[{i}].content", "empty")
+        messages.append({"role": role, "content": _unicode(f"{field}[{i}].content", content)})
     if messages[-1]["role"] != "user":
         raise _FieldError(field, "the last message must be from the user")
     return tuple(messages)
@@ -100,7 +120,7 @@ def _string(record: dict, field: str, value, *, allow_empty: bool) -> str:
         raise _FieldError(field, f"must be a str, got {type(value).__name__}")
     if not allow_empty and not value.strip():
         raise _FieldError(field, "empty")
-    return value
+    return _unicode(field, value)
 
 
 def _rank(value) -> float | None:
@@ -138,7 +158,10 @@ def _parse_jsonl_record(record, path: Path) -> tuple:
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
     missing = [c for c in PARQUET_COLUMNS if c not in table.column_names]
     if missing:
         raise DataError(
@@ -148,15 +171,36 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
         yield f"row {i}", record
 
 
+def _json_line(raw: bytes):
+    """One parsed JSONL line, or the `_FieldError` that says why it is not one."""
+    try:
+        line = raw.decode("utf-8").rstrip("\r\n")  # column numbers within this line
+    except UnicodeDecodeError as exc:
+        return _FieldError(
+            "<line>", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at position {exc.start} of the line)"
+        )
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        return _FieldError("<line>", f"invalid JSON ({exc.msg}: column {exc.colno})")
+    except RecursionError:
+        return _FieldError("<line>", "JSON nested too deeply to parse")
+    except ValueError as exc:  # e.g. an integer longer than Python's int-conversion limit
+        return _FieldError("<line>", f"invalid JSON ({exc})")
+
+
 def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"line {number}", json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield f"line {number}", _FieldError("<line>", f"invalid JSON ({exc.msg})")
+    # Bytes, decoded line by line: one bad byte is then one bad line, not a crash of the file.
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if number == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM) :]
+                if not raw.strip():
+                    continue
+                yield f"line {number}", _json_line(raw)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 class IdAssigner:
@@ -204,7 +248,9 @@ def read_rows(
     """Rows of one file (dense indices from `start_index`) and what was loaded/skipped."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty")
     fmt = detect_format(path, fmt)
     records = _parquet_records(path) if fmt == "parquet" else _jsonl_records(path)
     parse = _parse_parquet_record if fmt == "parquet" else _parse_jsonl_record
@@ -228,8 +274,17 @@ def read_rows(
                 logger.warning("skipping bad row: %s", message)
             continue
         report.empty_gold += not gold.strip()
-        rows.append(Row(prompt_id, start_index + len(rows), messages, gold, source, rank))
+        rows.append(
+            Row(prompt_id, start_index + len(rows), messages, gold, source, rank, f"{path} {where}")
+        )
     report.loaded = len(rows)
+    if not rows:
+        if not report.skipped:
+            raise DataError(f"{path}: no rows")
+        first = report.skip_reasons[0].removeprefix(f"{path}: ")
+        raise DataError(
+            f"{path}: no usable rows ({report.skipped} bad row(s) skipped; first: {first})"
+        )
     if report.skipped:
         logger.warning("%s: skipped %d bad row(s), loaded %d", path, report.skipped, report.loaded)
     if report.empty_gold:

@@ -29,6 +29,9 @@ class Row:
     gold: str
     source: str
     rank: float | None = None
+    # Where the row was read ("data/train.parquet row 12"), for errors found after loading;
+    # not part of the row's identity.
+    origin: str = dataclasses.field(default="", compare=False)
 
 
 def hash_id(*parts: str) -> int:
@@ -61,5 +64,8 @@ def explicit_id(value) -> int:
             raise ValueError(f"int id {value} is outside [0, 2**63)")
         return value
     if isinstance(value, str) and value:
-        return hash_id("id", value)
+        try:
+            return hash_id("id", value)
+        except UnicodeEncodeError:
+            raise ValueError(f"str id {value!r} is not valid Unicode (a lone surrogate)") from None
     raise TypeError(f"must be a non-negative int or non-empty str, got {value!r}")

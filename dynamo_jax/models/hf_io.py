@@ -14,6 +14,11 @@ Layouts ("kind"): HF Linear weights are [out, in]; ours are [in, ...out] split p
 Import places every parameter directly with its target sharding (make_array_from_callback):
 the host holds one stacked parameter at a time, in the file's dtype, never a per-device copy.
 Export streams one tensor at a time into a single safetensors file.
+
+A model directory that cannot be imported is an error naming the file: `ConfigError` for
+config.json (unreadable, not a JSON object, missing or invalid fields), `DataError` for the
+weights (a truncated or otherwise unreadable safetensors file, a bad index, a missing or
+misshaped tensor), FileNotFoundError for absent files.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from dynamo_jax.errors import ConfigError, DataError
 from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.models.files import read_json_object
 from dynamo_jax.models.qwen import param_shapes
 
 _LAYER_ENTRIES = (
@@ -411,13 +418,24 @@ def save_hf_checkpoint(
 # ----------------------------------------------------------------------------- import
 
 
+def _open_safetensors(file: Path):
+    try:
+        return safe_open(str(file), "np")
+    except (SafetensorError, OSError) as exc:
+        raise DataError(f"{file}: not a readable safetensors file ({exc})") from None
+
+
 class _TensorSource:
     """Tensor name → file for a single or index-sharded safetensors checkpoint."""
 
     def __init__(self, path: Path):
         index = path / "model.safetensors.index.json"
         if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json_object(index, DataError).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) for f in weight_map.values()
+            ):
+                raise DataError(f"{index}: needs a 'weight_map' object of tensor name -> file name")
             self.files = {name: path / fname for name, fname in weight_map.items()}
         else:
             files = sorted(path.glob("*.safetensors"))
@@ -425,7 +443,7 @@ class _TensorSource:
                 raise FileNotFoundError(f"{path}: no *.safetensors files")
             self.files = {}
             for file in files:
-                with safe_open(str(file), "np") as f:
+                with _open_safetensors(file) as f:
                     self.files.update({name: file for name in f.keys()})
         self._handles: dict[Path, Any] = {}
         self.path = path
@@ -435,24 +453,28 @@ class _TensorSource:
         if file not in self._handles:
             if not file.exists():
                 raise FileNotFoundError(f"{self.path}: {file.name} (holding {name}) is missing")
-            self._handles[file] = safe_open(str(file), "np")
+            self._handles[file] = _open_safetensors(file)
         return self._handles[file]
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handle(name).get_slice(name).get_shape())
 
     def get(self, name: str) -> np.ndarray:
-        return self._handle(name).get_tensor(name)
+        try:
+            return self._handle(name).get_tensor(name)
+        except SafetensorError as exc:
+            raise DataError(f"{self.files[name]}: cannot read tensor {name!r} ({exc})") from None
 
 
 def _check_tensors(src: _TensorSource, table: list[HFTensor]) -> None:
     for e in table:
         if e.hf_name not in src.files:
-            raise ValueError(f"{src.path}: checkpoint is missing tensor {e.hf_name!r}")
+            raise DataError(f"{src.path}: checkpoint is missing tensor {e.hf_name!r}")
         got = src.shape(e.hf_name)
         if got != e.hf_shape:
-            raise ValueError(
-                f"{src.path}: tensor {e.hf_name!r} has shape {got}, expected {e.hf_shape} for this config"
+            raise DataError(
+                f"{src.files[e.hf_name]}: tensor {e.hf_name!r} has shape {got}, expected "
+                f"{e.hf_shape} for this config"
             )
 
 
@@ -460,7 +482,18 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path}: no config.json (not a Hugging Face model directory)")
-    return json.loads(config_file.read_text())
+    return read_json_object(config_file)
+
+
+def model_config_from_hf(path: str | Path, **overrides: Any) -> ModelConfig:
+    """The ModelConfig a HF model directory's config.json describes (ConfigError naming it)."""
+    hf_cfg = read_hf_config(path)
+    try:
+        return ModelConfig.from_hf_config(hf_cfg, **overrides)
+    except KeyError as exc:
+        raise ConfigError(f"{Path(path) / 'config.json'}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{Path(path) / 'config.json'}: {exc}") from None
 
 
 def load_hf_checkpoint(
@@ -478,13 +511,14 @@ def load_hf_checkpoint(
     cfg.param_dtype).
     """
     path = Path(path)
-    hf_cfg = read_hf_config(path)
     if cfg is None:
-        cfg = ModelConfig.from_hf_config(hf_cfg)
-    elif hf_cfg.get("model_type") != cfg.family:
-        raise ValueError(
-            f"{path}: model_type {hf_cfg.get('model_type')!r} != cfg.family {cfg.family!r}"
-        )
+        cfg = model_config_from_hf(path)
+    else:
+        model_type = read_hf_config(path).get("model_type")
+        if model_type != cfg.family:
+            raise ConfigError(
+                f"{path / 'config.json'}: model_type {model_type!r} != model.family {cfg.family!r}"
+            )
     target = jnp.dtype(dtype or cfg.param_dtype)
     src = _TensorSource(path)
     table = hf_param_table(cfg)

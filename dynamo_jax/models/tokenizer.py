@@ -18,7 +18,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_jax.errors import DataError
 from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.models.files import read_json_object
 
 # ChatML, the format of Qwen chat models; no default system message (prompt templates decide).
 CHATML_TEMPLATE = (
@@ -61,14 +63,34 @@ QWEN_ADDED_TOKENS = (
 QWEN_SPECIAL_START_ID = 151643
 
 
+# The JSON files of a tokenizer directory, checked one by one before transformers reads them:
+# its own errors (a bare JSONDecodeError, or the tokenizers library's) do not say which file.
+_TOKENIZER_JSON_FILES = (
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+
+
 def load_tokenizer(path: str | Path):
-    """A tokenizer from a local directory (tokenizer.json / tokenizer_config.json), offline."""
+    """A tokenizer from a local directory (tokenizer.json / tokenizer_config.json), offline.
+
+    A file that is not valid JSON is a `DataError` naming it; any other failure to build the
+    tokenizer from the directory is a `DataError` naming the directory.
+    """
     import transformers
 
     path = Path(path)
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
-    return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    for name in _TOKENIZER_JSON_FILES:
+        if (path / name).is_file():
+            read_json_object(path / name, DataError)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # the files' content, as the tokenizers library reads it
+        raise DataError(f"{path}: cannot load the tokenizer ({type(exc).__name__}: {exc})") from exc
 
 
 QWEN2 = "qwen2"  # `init.tokenizer` value: the real Qwen2 vocabulary, built offline

@@ -9,17 +9,37 @@ math-verify and SymPy cannot swallow it.
 
 A signal cannot interrupt long C calls (a big-integer power such as `9^{9^{9^9}}`); the pool in
 `scorer.py` kills and replaces a worker that overruns the deadline for that reason.
+
+A verdict is a function of (completion, gold) alone, whatever the process scored before and
+whatever its PYTHONHASHSEED. Three pieces of process state used to leak into verdicts:
+- SymPy's assumption queries (`expr.is_zero`, ...) visit related facts in an order shuffled by
+  an unseeded RNG, from a set of fact names whose iteration order follows the hash seed. For
+  an expression whose assumption handlers contradict each other, such as the unevaluated
+  `Pow(oo, oo)` that `\\infty^{\\infty}` parses to, the answer depended on that order:
+  `(1 - oo**oo).is_zero` came out True in some processes, scoring `\\infty^{\\infty}` equal
+  to any number. The order is made a fixed one (sorted) once, at import.
+- SymPy's expression cache, math-verify's parse caches and our gold cache hand back objects
+  built for earlier items together with the assumptions computed on them, and results that
+  make a repeated expensive item (a symbolic matrix power) instant where a fresh process times
+  out. They are cleared before every item (`_reset_state`), and SymPy's RNG is reseeded.
+- Infinities stay unevaluated in math-verify's parse (`\\infty^{2}` is `Pow(oo, 2)`), where
+  SymPy's assumptions are not consistent; parsed answers that contain one are evaluated
+  (`doit`: `oo**oo` becomes `oo`) before they are compared.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import importlib
 import logging
 import signal
 import threading
 
+import sympy
+import sympy.core.random
 from math_verify import parse, verify
+from math_verify import parser as _mv_parser
+from sympy.core.cache import clear_cache
 
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.extract import last_boxed, max_nesting_depth
@@ -39,6 +59,64 @@ class _DropDisabledTimeoutWarning(logging.Filter):
 
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropDisabledTimeoutWarning())
+
+
+def _fix_assumption_order() -> None:
+    # SymPy shuffles the facts an assumption query visits to expose inconsistent handlers in
+    # its own test suite (see `_ask` in sympy/core/assumptions.py); a reward must not depend on
+    # them, so the facts are visited in sorted order instead: the same in every process.
+    # (By module path: `sympy.core.assumptions` as an attribute is a function of that name.)
+    module = importlib.import_module("sympy.core.assumptions")
+    if not callable(getattr(module, "shuffle", None)):
+        raise ImportError(
+            "sympy.core.assumptions.shuffle not found: this SymPy version orders assumption "
+            "queries differently; check that verdicts are still deterministic before using it"
+        )
+    module.shuffle = list.sort
+
+
+_fix_assumption_order()
+
+# math-verify's own memoised parsers (their results carry SymPy objects from earlier items).
+_PARSE_CACHES = (
+    _mv_parser.parse_latex_cached,
+    _mv_parser.parse_expr_cached,
+    _mv_parser.extract_latex,
+)
+_SYMPY_SEED = 0
+_INFINITIES = (sympy.S.Infinity, sympy.S.NegativeInfinity, sympy.S.ComplexInfinity)
+
+
+def _reset_state() -> None:
+    """Forget everything earlier items left in SymPy and math-verify (see module docstring)."""
+    clear_cache()
+    for cache in _PARSE_CACHES:
+        cache.cache_clear()
+    sympy.core.random.seed(_SYMPY_SEED)
+
+
+def _evaluate_infinities(item):
+    """`item` with its arithmetic parts that contain an infinity evaluated (`oo**oo` → `oo`).
+
+    Unevaluated, such an expression has contradictory assumptions, and comparisons built on
+    them (`(1 - oo**oo).is_zero`) say nothing about the mathematics. Relations, sets and tuples
+    keep their structure (only their parts are evaluated), so `\\lim_{x\\to\\infty} f(x) = 3`
+    stays an equation whose right side math-verify compares, rather than collapsing to True.
+    """
+    if not isinstance(item, sympy.Basic) or not item.has(*_INFINITIES):
+        return item
+    try:
+        if isinstance(item, sympy.Expr):
+            return item.doit()
+        args = [_evaluate_infinities(arg) for arg in item.args]
+        with sympy.evaluate(False):
+            return item.func(*args)
+    except Exception:  # what SymPy cannot evaluate is compared as parsed
+        return item
+
+
+def _parsed(source: str) -> list:
+    return [_evaluate_infinities(item) for item in parse(source, parsing_timeout=None)]
 
 
 def reward_for(status: Status, cfg: RewardConfig) -> float:
@@ -68,12 +146,12 @@ def precheck(text, cfg: RewardConfig) -> Verdict | None:
     return None
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> tuple:
+def _parse_gold(gold: str) -> list:
     # Golds are LaTeX fragments ("\\frac{3}{5}", "025", "(5,\\infty)"); some carry their own
-    # `$...$` (e.g. "$8$,$4$"), which math-verify's environment regexes handle directly.
+    # `$...$` (e.g. "$8$,$4$"), which math-verify's environment regexes handle directly. Parsed
+    # again for every item: a cached parse would carry assumptions computed for earlier items.
     source = gold if "$" in gold else "\\boxed{" + gold + "}"
-    return tuple(parse(source, parsing_timeout=None))
+    return _parsed(source)
 
 
 @contextlib.contextmanager
@@ -109,13 +187,13 @@ def _extract(text: str, cfg: RewardConfig) -> tuple[list | None, str | None, Ver
         )
     if boxed is None:
         # No box: math-verify's own extraction ("the answer is ...", last LaTeX environment, ...).
-        predicted = parse(text, parsing_timeout=None)
+        predicted = _parsed(text)
         if not predicted:
             return None, None, make_verdict("no_answer", cfg, detail="no extractable answer")
         return predicted, str(predicted[-1]), None
     if not boxed:
         return None, "", make_verdict("no_answer", cfg, answer="", detail="empty \\boxed{}")
-    predicted = parse("\\boxed{" + boxed + "}", parsing_timeout=None)
+    predicted = _parsed("\\boxed{" + boxed + "}")
     if not predicted:
         return (
             None,
@@ -132,7 +210,7 @@ def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     predicted, answer, early = _extract(text, cfg)
     if early is not None:
         return early
-    ok = verify(list(gold_parsed), predicted, timeout_seconds=None)
+    ok = verify(gold_parsed, predicted, timeout_seconds=None)
     return make_verdict("correct" if ok else "wrong", cfg, answer=answer)
 
 
@@ -151,6 +229,7 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     early = precheck(text, cfg)
     if early is not None:
         return early
+    _reset_state()
     try:
         with _time_limit(cfg.timeout_s):
             return _score_unbounded(text, gold, cfg)
