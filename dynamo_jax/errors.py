@@ -27,3 +27,7 @@ class CheckpointError(UserError, RuntimeError):
 
 class SidecarError(UserError, RuntimeError):
     """A rollout sidecar could not start or serve; the message names the sidecar and its log."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or directory the run needs is not there; the message names the path."""

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from dynamo_jax.errors import ConfigError, DataError
+from dynamo_jax.errors import ConfigError, DataError, MissingFileError
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.files import read_json_object
 from dynamo_jax.models.qwen import param_shapes
@@ -440,7 +440,7 @@ class _TensorSource:
         else:
             files = sorted(path.glob("*.safetensors"))
             if not files:
-                raise FileNotFoundError(f"{path}: no *.safetensors files")
+                raise MissingFileError(f"{path}: no *.safetensors files")
             self.files = {}
             for file in files:
                 with _open_safetensors(file) as f:
@@ -452,7 +452,7 @@ class _TensorSource:
         file = self.files[name]
         if file not in self._handles:
             if not file.exists():
-                raise FileNotFoundError(f"{self.path}: {file.name} (holding {name}) is missing")
+                raise MissingFileError(f"{self.path}: {file.name} (holding {name}) is missing")
             self._handles[file] = _open_safetensors(file)
         return self._handles[file]
 
@@ -481,7 +481,7 @@ def _check_tensors(src: _TensorSource, table: list[HFTensor]) -> None:
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{path}: no config.json (not a Hugging Face model directory)")
+        raise MissingFileError(f"{path}: no config.json (not a Hugging Face model directory)")
     return read_json_object(config_file)
 
 

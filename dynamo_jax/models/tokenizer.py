@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dynamo_jax.errors import DataError
+from dynamo_jax.errors import ConfigError, DataError, MissingFileError
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.files import read_json_object
 
@@ -83,7 +83,7 @@ def load_tokenizer(path: str | Path):
 
     path = Path(path)
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
-        raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer_config.json")
+        raise MissingFileError(f"{path}: no tokenizer.json or tokenizer_config.json")
     for name in _TOKENIZER_JSON_FILES:
         if (path / name).is_file():
             read_json_object(path / name, DataError)
@@ -101,7 +101,7 @@ def tokenizer_from_spec(spec: str):
     if spec == QWEN2:
         return build_qwen2_tokenizer()
     if not spec:
-        raise ValueError("data.task='math' needs init.tokenizer (an HF tokenizer dir or 'qwen2')")
+        raise ConfigError("data.task='math' needs init.tokenizer (an HF tokenizer dir or 'qwen2')")
     return load_tokenizer(spec)
 
 
