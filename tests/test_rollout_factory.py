@@ -82,7 +82,7 @@ def test_cpu_gets_one_sidecar_with_the_classic_log_name(recorded, tmp_path):
     (sidecar,) = engine.local
     assert sidecar.log_name == "vllm_sidecar.log"
     assert sidecar.config.devices == "0"  # nominal on CPU
-    assert factory.trainer_accelerators() == []  # this test session runs JAX on CPU
+    assert factory.trainer_accelerators() == []  # the tests run JAX on CPU (conftest.py)
 
 
 def test_several_processes_keep_their_logs_and_pushes_apart(recorded, monkeypatch, tmp_path):

@@ -182,3 +182,28 @@ def test_stale_push_dirs_of_this_run_only_are_removed(tmp_path):
     assert not any(p.directory.exists() for p in left)
     assert all(p.directory.exists() for p in keep) and (shm / "unrelated").exists()
     assert weight_push.remove_stale_push_dirs(shm, mine) == []
+
+
+def test_a_large_tensor_is_compared_on_every_kth_row(monkeypatch, tmp_path):
+    """Above 2**21 elements both sides digest rows 0, k, 2k, ... with the same k, bounding the
+    read-back to ~8 MB per tensor: a stale tensor (AdamW moves every element at every step) is
+    caught; a change confined to unsampled rows is not (the price of the bound)."""
+    big = np.random.default_rng(2).standard_normal((4100, 1024)).astype(np.float32)
+    # 4,198,400 elements / 2,097,152 = 2.002 -> every 3rd row: 1,367 rows.
+    assert wire.digest_step([4100, 1024]) == 3
+    push = weight_push.write_push_dir({"model.embed_tokens.weight": big}, str(tmp_path), 1, "t")
+    name = "model.embed_tokens.weight"
+
+    def reply(table):
+        return _fingerprint_reply(monkeypatch, push, [FakeWorker({name: table})], version=1)
+
+    assert compare_fingerprints(push, reply(torch.from_numpy(big.copy())), "sidecar 0") == 1
+    stale = torch.from_numpy(big * np.float32(1 - 1e-6))
+    with pytest.raises(SidecarError, match="tensor model.embed_tokens.weight"):
+        compare_fingerprints(push, reply(stale), "sidecar 0")
+    sampled, skipped = torch.from_numpy(big.copy()), torch.from_numpy(big.copy())
+    sampled[3, 0] += 1.0
+    skipped[4, 0] += 1.0
+    with pytest.raises(SidecarError, match="tensor model.embed_tokens.weight"):
+        compare_fingerprints(push, reply(sampled), "sidecar 0")
+    assert compare_fingerprints(push, reply(skipped), "sidecar 0") == 1

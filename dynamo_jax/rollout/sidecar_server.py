@@ -116,7 +116,8 @@ def tp_rank() -> int:
 
 def read_fingerprints(worker, names: list[str], full_shapes: dict[str, list[int]]) -> dict:
     """Run on every vLLM worker (collective_rpc): the digest of each named parameter's bytes as
-    this worker's model holds them, over the part of the pushed tensor its rank holds.
+    this worker's model holds them, over the part of the pushed tensor its rank holds (every
+    `wire.digest_step`-th slice of it along the first axis).
 
     Per name: {"state": "ok", "shape", "dtype", "digest"}, or "absent" (vLLM fuses it into
     another parameter, e.g. q/k/v into qkv_proj) or "unreadable" (the kernel repacked it and
@@ -143,6 +144,7 @@ def read_fingerprints(worker, names: list[str], full_shapes: dict[str, list[int]
         else:
             dim, _, size = region
             part = local.narrow(dim, 0, size) if local.dim() else local
+            part = part[:: wire.digest_step(list(part.shape))] if part.dim() else part
             data = part.contiguous().cpu().reshape(-1).view(torch.uint8)
             entry["digest"] = wire.digest(data.numpy())
         out[name] = entry

@@ -112,6 +112,19 @@ def shard_region(
     return (dim, start, size) if size > 0 else None
 
 
+# A region above this many elements is compared on every k-th slice along its first axis
+# (k = digest_step): each tensor then costs at most ~8 MB of reading and hashing per side.
+MAX_DIGEST_ELEMENTS = 1 << 21
+
+
+def digest_step(shape: list[int]) -> int:
+    """The stride along the first axis at which a region of `shape` is digested."""
+    size = 1
+    for n in shape:
+        size *= n
+    return max(1, -(-size // MAX_DIGEST_ELEMENTS))
+
+
 def digest(data) -> str:
     """The digest both sides compare: blake2b-128 of a tensor region's raw bytes."""
     return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
