@@ -17,6 +17,8 @@ Multi-process (one process per host, same command everywhere, a workdir all host
 Without those variables the run is single-process.
 """
 
+import os
+
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
@@ -34,6 +36,11 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
         absl_logging.set_verbosity(absl_logging.WARNING)
+    # JAX fixes its share of accelerator memory when its backend starts, so set it from the
+    # config (rollout.jax_memory_fraction, docs/vllm_sidecar.md) before anything can start it.
+    from dynamo_jax.config import build_section
+
+    os.environ.update(build_section("rollout", _CONFIG.value.rollout).jax_memory_env(os.environ))
     if not _DRY_RUN.value:
         # Join the job before any JAX computation (a no-op without the JAX_* variables). The dry
         # run simulates its devices in a subprocess of its own and never joins.

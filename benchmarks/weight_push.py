@@ -1,38 +1,52 @@
-"""Cost of one weight push to the vLLM sidecar, against a train step and a plain memory copy.
+"""Cost of one verified weight push to 1 and 2 vLLM sidecars, against a train step and a memcpy.
 
     python benchmarks/weight_push.py                      # tiny-qwen2 and qwen2.5-0.5b shapes
-    python benchmarks/weight_push.py --models tiny-qwen2 --batch 2 --seq 128
+    python benchmarks/weight_push.py --models tiny-qwen2 --sidecars 1,2 --batch 2 --seq 128
+    python benchmarks/weight_push.py --models qwen2.5-0.5b --layers 4   # fewer layers, less RAM
 
-For each model (random weights of a preset's shape, float32 on CPU):
-  - push: `VLLMSidecarEngine.update_weights(params, version)` end to end: gather + convert +
-    write (hf_io's streaming export to /dev/shm) and the sidecar's in-place vLLM reload + prefix
-    cache reset. The first push compiles the export's per-chunk device ops; the second (warm)
-    one is what every later step pays, and is the figure compared.
+For each model (random weights of a preset's shape, float32 on CPU) and each sidecar count, the
+sidecars are built by the engine factory as a run builds them (`rollout.sidecars_per_host`),
+and `update_weights(params, version)` is timed in its three parts:
+  - export: gather + convert + write of hf_io's streaming export into ONE shared directory in
+    /dev/shm, once per host whatever the number of sidecars;
+  - reload: every sidecar's in-place vLLM reload + prefix-cache reset, all at once (the slowest);
+  - verify: every sidecar reads the checked tensors back from its engine and their digests are
+    compared with the pushed file's (the slowest sidecar, including the file's digests).
+The first push compiles the export's per-chunk device ops; the second (warm) one is what every
+later step pays, and is the figure compared. Peers measured in the same run:
   - step: the trainer's own jitted step (`step.train_step.make_train_step`: forward, log-probs,
     entropy, DynaMO loss, backward, AdamW; state donated) on `batch x seq` random tokens, one
-    device. Besides push/step for that size it prints the tokens per step at which the push
-    would be 5 % of the step, from the measured per-token step cost.
+    device; the push is also given as the tokens per step at which it would be 5 % of a step.
   - memcpy: `np.copyto` of the same number of bytes, the ceiling for any host-side transfer.
+  - 1 sidecar: the 2-sidecar push relative to the 1-sidecar one (the export is shared; reload
+    and verification run in parallel, so the ideal ratio is 1.0).
 Target (issue): push <= 5% of the step time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
-
-from dynamo_jax.models import hf_io, qwen
-from dynamo_jax.models.presets import get_preset
-from dynamo_jax.rollout.sidecar_client import SidecarConfig, VLLMSidecarEngine
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's dynamo_jax and configs
+# On a GPU host JAX shares the devices with the sidecars (gpu_memory_utilization 0.4 each):
+# launch.py would set this from rollout.jax_memory_fraction; this script sets it itself.
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs import tiny  # noqa: E402
+from dynamo_jax.config import from_config_dict  # noqa: E402
+from dynamo_jax.models import hf_io, qwen  # noqa: E402
+from dynamo_jax.models.presets import get_preset  # noqa: E402
+from dynamo_jax.rollout.factory import build_sidecar_fleet, trainer_accelerators  # noqa: E402
 
 
 def time_step(cfg, batch: int, seq: int, repeats: int = 2) -> tuple[float, object]:
@@ -64,46 +78,75 @@ def time_memcpy(nbytes: int) -> float:
     return best
 
 
-def bench(name: str, python: str, batch: int, seq: int, workdir: Path) -> None:
-    cfg = get_preset(name, dtype="float32", param_dtype="float32", scan_layers=True)
-    ckpt = hf_io.save_hf_checkpoint(
-        qwen.init_params(cfg, jax.random.key(0)), cfg, workdir / name, dtype="float32"
-    )
-    config = SidecarConfig(
-        python=python, model_path=str(ckpt), dtype="float32", max_model_len=256,
-        enforce_eager=True, max_num_seqs=8, startup_timeout_s=900, call_timeout_s=900,
+def run_config(model_cfg, ckpt: Path, python: str, sidecars: int):
+    """The tiny config with this model, vLLM sidecars on `ckpt`, float32 on CPU."""
+    config = tiny.get_config()
+    for key, value in dataclasses.asdict(model_cfg).items():
+        config.model[key] = value
+    config.temperature.vocab_size = model_cfg.vocab_size
+    config.init.checkpoint = str(ckpt)
+    config.rollout.update(
+        engine="vllm", sidecar_python=python, vllm_dtype="float32", vllm_enforce_eager=True,
+        vllm_max_num_seqs=8, sidecars_per_host=sidecars, call_timeout_s=900.0,
+        jax_memory_fraction=0.5,
     )  # fmt: skip
-    with VLLMSidecarEngine(config, cfg, workdir / f"{name}-work") as engine:
-        step_s, params = time_step(cfg, batch, seq)
-        engine.update_weights(params, 1)
-        cold = engine.last_push
-        engine.update_weights(params, 2)
-        push = engine.last_push
-    memcpy_s = time_memcpy(push.nbytes)
-    gb = push.nbytes / 1e9
+    return from_config_dict(config)
+
+
+def bench(
+    name: str, python: str, counts: list[int], batch: int, seq: int, layers: int, root: Path
+) -> None:
+    cfg = get_preset(name, dtype="float32", param_dtype="float32", scan_layers=True)
+    if layers:
+        cfg = cfg.replace(num_layers=layers)
+    ckpt = hf_io.save_hf_checkpoint(
+        qwen.init_params(cfg, jax.random.key(0)), cfg, root / name, dtype="float32"
+    )
+    step_s, params = time_step(cfg, batch, seq)
     tokens = batch * seq
     per_token_s = step_s / tokens  # the step's fixed overhead counted as per-token cost
-    tokens_at_5pct = push.total_s / (0.05 * per_token_s)
     print(
-        f"{name}: {cfg.num_params / 1e6:.1f} M params, {gb:.3f} GB pushed (float32)\n"
-        f"  push (warm) {push.total_s:.3f} s = export {push.export_s:.3f} s + vLLM reload {push.reload_s:.3f} s"
-        f"   [cold first push {cold.total_s:.3f} s]\n"
-        f"  train step (make_train_step, DynaMO loss, AdamW; {batch}x{seq} = {tokens} tokens) "
-        f"{step_s:.3f} s -> push / step = {100 * push.total_s / step_s:.1f} %  (target <= 5 %)\n"
-        f"  push is 5 % of a step of >= {tokens_at_5pct:,.0f} tokens "
-        f"({1e3 * per_token_s:.2f} ms/token measured)\n"
-        f"  export {gb / push.export_s:.2f} GB/s, whole push {gb / push.total_s:.2f} GB/s vs memcpy "
-        f"{gb / memcpy_s:.2f} GB/s -> export at {100 * memcpy_s / push.export_s:.1f} %, push at "
-        f"{100 * memcpy_s / push.total_s:.1f} % of the memcpy ceiling",
+        f"{name} ({cfg.num_layers} layers): {cfg.num_params / 1e6:.1f} M params; train step "
+        f"(make_train_step, DynaMO loss, AdamW; {batch}x{seq} = {tokens} tokens) {step_s:.3f} s",
         flush=True,
     )
+    first = None
+    for count in counts:
+        run_cfg = run_config(cfg, ckpt, python, count)
+        workdir = root / f"{name}-work{count}"
+        engine = build_sidecar_fleet(run_cfg, workdir, trainer_accelerators())
+        try:
+            engine.update_weights(params, 1)
+            cold = engine.last_push
+            engine.update_weights(params, 2)
+            push = engine.last_push
+        finally:
+            engine.close()
+        assert engine.exports == 2, engine.exports
+        memcpy_s = time_memcpy(push.nbytes)
+        gb = push.nbytes / 1e9
+        first = first or push
+        print(
+            f"  {count} sidecar(s), {gb:.3f} GB pushed once (float32), warm push {push.total_s:.3f} s"
+            f" = export {push.export_s:.3f} + reload {push.reload_s:.3f}"
+            f" + verify {push.verify_s:.3f} s  [cold first push {cold.total_s:.3f} s]\n"
+            f"    push / step = {100 * push.total_s / step_s:.1f} % (target <= 5 %); 5 % of a step"
+            f" of >= {push.total_s / (0.05 * per_token_s):,.0f} tokens"
+            f" ({1e3 * per_token_s:.2f} ms/token measured)\n"
+            f"    verify / push = {100 * push.verify_s / push.total_s:.1f} %; export at "
+            f"{100 * memcpy_s / push.export_s:.1f} % of the memcpy ceiling ({gb / memcpy_s:.2f} GB/s)"
+            f"; vs 1 sidecar: {push.total_s / first.total_s:.2f}x",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny-qwen2,qwen2.5-0.5b")
+    parser.add_argument("--sidecars", default="1,2", help="sidecar counts to measure")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=0, help="cut each model to this many layers")
     default_python = os.environ.get(
         "DYNAMO_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")
     )
@@ -113,9 +156,10 @@ def main() -> None:
         f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs",
         file=sys.stderr,
     )
+    counts = [int(c) for c in args.sidecars.split(",")]
     with tempfile.TemporaryDirectory(prefix="weight-push-bench-") as tmp:
         for name in args.models.split(","):
-            bench(name, args.vllm_python, args.batch, args.seq, Path(tmp))
+            bench(name, args.vllm_python, counts, args.batch, args.seq, args.layers, Path(tmp))
 
 
 if __name__ == "__main__":

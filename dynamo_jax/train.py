@@ -18,8 +18,10 @@ JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): every process run
 host-side loop — same data order, allocation, seeds and scheduler — so every process holds the
 whole rollout batch. The rules that keep the processes in lock step:
 - generation: the JAX engine runs collectively on the global mesh and returns the same
-  completions on every process (rollout/jax_engine.py); with vLLM each process's own sidecar
-  samples a slice of the requests and the completions are all-gathered (rollout/process_split.py);
+  completions on every process (rollout/jax_engine.py); with vLLM each process's sidecars (one per
+  device group) sample their slices of the requests and the completions are all-gathered
+  (rollout/process_split.py); the weights are exported once per host and every sidecar verifies
+  it serves them;
 - scoring: each process scores its contiguous slice of the completions and the rewards are
   all-gathered, so every process holds identical rewards even if a verdict would differ between
   hosts (math-verify runs under CPU/wall limits) and scoring work is split, not repeated;

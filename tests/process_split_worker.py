@@ -3,8 +3,9 @@
     python tests/process_split_worker.py CKPT VLLM_PYTHON WORKDIR OUT_JSON   (JAX_* env set)
 
 Joins jax.distributed, loads the checkpoint sharded over an fsdp=2 mesh spanning both processes,
-and drives a `ProcessSplitEngine` over its own sidecar the way the trainer does: greedy and
-sampled generation, a weight push of changed parameters, greedy again. Writes what it got.
+and drives a `SplitEngine` over its own sidecar the way the trainer does (one export per process
+into its own push directory, loaded and verified by its sidecar): greedy and sampled generation,
+a weight push of changed parameters, greedy again. Writes what it got.
 """
 
 import json
@@ -39,7 +40,8 @@ def main() -> None:
     )
     from dynamo_jax.models import hf_io
     from dynamo_jax.models.config import ModelConfig
-    from dynamo_jax.rollout.process_split import ProcessSplitEngine
+    from dynamo_jax.rollout import weight_push
+    from dynamo_jax.rollout.process_split import SplitEngine
     from dynamo_jax.rollout.protocol import SamplingParams
     from dynamo_jax.rollout.sidecar_client import SidecarConfig, VLLMSidecarEngine
     from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
@@ -54,9 +56,15 @@ def main() -> None:
         python=vllm_python, model_path=ckpt, dtype="float32", max_model_len=64,
         enforce_eager=True, startup_timeout_s=600, call_timeout_s=300, max_num_seqs=16,
     )  # fmt: skip
-    local = VLLMSidecarEngine(config, cfg, workdir=f"{workdir}/p{jax.process_index()}")
+    tag = weight_push.push_tag(workdir, jax.process_index())
+    local = VLLMSidecarEngine(
+        config, cfg, workdir=f"{workdir}/p{jax.process_index()}", push_tag=tag
+    )
+    export = lambda params, version: weight_push.export_push_dir(
+        params, cfg, config.shm_dir, version, config.dtype, tag
+    )
     result = {}
-    with ProcessSplitEngine(local) as engine:
+    with SplitEngine([local], export) as engine:
         greedy = SamplingParams(max_new_tokens=NEW, temperature=0.0)
         sampled = SamplingParams(max_new_tokens=NEW, temperature=1.0, seed=11)
         for name, params_now, version in (("before", params, 0), ("after", None, 1)):
@@ -70,6 +78,7 @@ def main() -> None:
         result["sampled"] = [(c.prompt_id, c.sample_index, c.token_ids.tolist()) for c in got]
         result["sampled_logprobs"] = [c.logprobs.tolist() for c in got]
         result["sidecar_pid"] = local.pid
+        result["exports"] = engine.exports
     Path(out).write_text(json.dumps(result))
 
 

@@ -242,7 +242,7 @@ def test_bad_push_is_an_error_and_the_sidecar_keeps_serving(setup):
     broken["model.norm.weight"] = missing[:-1]
     with pytest.raises(SidecarError, match="wrong shape"):
         engine.push_hf_tensors(broken, version=bad_version)
-    assert not list(Path(engine.config.shm_dir).glob(f"dynamo-push-v{bad_version}-*"))
+    assert not list(Path(engine.config.shm_dir).glob(f"dynamo-push-*-v{bad_version}-*"))
     with pytest.raises(ValueError, match="must not go back"):
         engine.push_hf_tensors(hf_state(model), version=version - 1)
     assert engine.weight_version == version and engine.restarts == restarts
@@ -327,8 +327,9 @@ def test_kill_9_mid_generate_restarts_repushes_and_retries(setup, monkeypatch):
 
 def test_close_frees_the_process_and_the_files(setup):
     engine, _ = setup  # the last test of the module: the fixture's close() is then a no-op
-    pid, push_dir, socket_dir = engine.pid, engine._res.push_dir, engine._res.socket_dir
-    assert push_dir is not None and push_dir.is_dir()
+    pid, socket_dir = engine.pid, engine._res.socket_dir
+    (push_dir,) = engine._res.push_dirs  # the current push only: superseded ones are gone
+    assert push_dir.is_dir()
     # vLLM's temp files (its never-deleted rendezvous file) live in the private dir, not /tmp.
     assert list(Path(socket_dir, "tmp").glob("vllm_dist_*"))
     engine.close()

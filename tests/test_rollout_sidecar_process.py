@@ -17,9 +17,18 @@ from pathlib import Path
 import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
-from dynamo_jax.rollout.sidecar_client import SidecarConfig, SidecarStartError, VLLMSidecarEngine
+from dynamo_jax.rollout import sidecar_client
+from dynamo_jax.rollout.protocol import SamplingParams
+from dynamo_jax.rollout.sidecar_client import (
+    SidecarConfig,
+    SidecarError,
+    SidecarStartError,
+    SidecarUnavailable,
+    VLLMSidecarEngine,
+)
 
 REPO = Path(__file__).resolve().parents[1]
+_SAMPLING = SamplingParams(max_new_tokens=4)
 VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 needs_vllm = pytest.mark.skipif(
     not Path(VLLM_PYTHON).is_file(),
@@ -54,6 +63,9 @@ def wait_dead(pid: int, timeout_s: float) -> bool:
     [
         ("max_restarts", -1, "SidecarConfig.max_restarts"),
         ("call_timeout_s", 0, "SidecarConfig.call_timeout_s"),
+        ("restart_window_s", 0, "SidecarConfig.restart_window_s"),
+        ("tensor_parallel", 0, "SidecarConfig.tensor_parallel"),
+        ("sleep_level", 3, "SidecarConfig.sleep_level"),
         ("gpu_memory_utilization", 1.5, "SidecarConfig.gpu_memory_utilization"),
         ("dtype", "auto", "SidecarConfig.dtype"),
         ("python", "/nonexistent/python", "SidecarConfig.python"),
@@ -65,6 +77,47 @@ def test_config_errors_name_the_field(ckpt, field, value, match):
     kwargs = dict(python=sys.executable, model_path=str(ckpt))
     with pytest.raises(ValueError, match=match):
         SidecarConfig(**{**kwargs, field: value})
+
+
+class FlakyProcess:
+    """Stands in for a started sidecar: each call fails while `failures` is > 0."""
+
+    failures = 0
+    spawned = 0
+
+    def __init__(self):
+        FlakyProcess.spawned += 1
+        self.popen = type("Popen", (), {"pid": 1000 + FlakyProcess.spawned})()
+
+    def call(self, message, timeout_s):
+        if FlakyProcess.failures:
+            FlakyProcess.failures -= 1
+            raise SidecarUnavailable("connection lost (sidecar exited with code -9)")
+        return {"ok": True, "weight_version": 0, "results": []}
+
+    def kill(self):
+        pass
+
+
+def test_restarts_are_counted_per_time_window(ckpt, tmp_path, monkeypatch):
+    """max_restarts=2 per 100 s: two faults 10 s apart are ridden out, two more 2 minutes later
+    too (the first two have left the window), a third within 100 s of those ends the run."""
+    now = [0.0]
+    monkeypatch.setattr(sidecar_client, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(sidecar_client, "spawn", lambda *args: FlakyProcess())
+    monkeypatch.setattr(sidecar_client, "wait_healthy", lambda process, timeout_s: {})
+    config = SidecarConfig(
+        python=sys.executable, model_path=str(ckpt), max_restarts=2, restart_window_s=100.0
+    )
+    engine = VLLMSidecarEngine(config, None, tmp_path, label="sidecar 3")
+    for t in (0.0, 10.0, 120.0, 125.0):
+        now[0], FlakyProcess.failures = t, 1
+        assert engine.generate([], _SAMPLING) == []  # restarted and retried
+    assert engine.restarts == 4 and FlakyProcess.spawned == 5
+    now[0], FlakyProcess.failures = 130.0, 1
+    with pytest.raises(SidecarError, match=r"sidecar 3 failed .* after 2 restarts within 100 s"):
+        engine.generate([], _SAMPLING)
+    engine._res.process = None  # nothing real to shut down
 
 
 @needs_vllm

@@ -169,7 +169,7 @@ VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bi
 )
 def test_vllm_sidecars_on_two_processes_train_like_one(tmp_path):
     """The vLLM engine as two processes, each with its own sidecar sampling half of every batch
-    (ProcessSplitEngine), against one process with one sidecar: the same per-step metrics,
+    (SplitEngine), against one process with one sidecar: the same per-step metrics,
     evaluation included, from the same random initial checkpoint."""
     from hf_fixtures import random_flax_params
 
@@ -195,31 +195,6 @@ def test_vllm_sidecars_on_two_processes_train_like_one(tmp_path):
     # Both sidecars ran (each logs apart), and the single run's one sidecar.
     for d in (multi / "sidecar_process0", multi / "sidecar_process1", single):
         assert (d / "vllm_sidecar.log").is_file(), d
-
-
-def test_vllm_engine_on_several_processes_is_split(monkeypatch, tmp_path):
-    """Each process gets its own sidecar (its log apart) wrapped in a ProcessSplitEngine; the
-    split itself is tested with real sidecars in test_rollout_process_split.py."""
-    from dynamo_jax.rollout import sidecar_client
-    from dynamo_jax.rollout.factory import build_engine
-    from dynamo_jax.rollout.process_split import ProcessSplitEngine
-
-    (tmp_path / "config.json").write_text("{}")  # what SidecarConfig checks for
-    config = tiny.get_config()
-    config.rollout.engine = "vllm"
-    config.rollout.sidecar_python = sys.executable
-    config.init.checkpoint = str(tmp_path)
-    cfg = from_config_dict(config)
-    started = []
-    monkeypatch.setattr(
-        sidecar_client, "VLLMSidecarEngine", lambda c, m, workdir: started.append(workdir) or c
-    )
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(jax, "process_index", lambda: 1)
-    engine = build_engine(cfg, None, None, None, tmp_path)
-    assert isinstance(engine, ProcessSplitEngine)
-    assert engine.local.model_path == str(tmp_path)
-    assert started == [f"{tmp_path}/sidecar_process1"]
 
 
 def test_scoring_is_split_over_processes_and_gathered(monkeypatch):

@@ -1,15 +1,19 @@
-"""One rollout engine per process, each generating its slice of a step's requests.
+"""A step's rollouts split across every engine of every process: one mechanism for both levels.
 
-In a multi-process run every process holds the whole rollout batch (docs/scaling.md), but a vLLM
-sidecar serves only its own host's GPUs. `ProcessSplitEngine` wraps each process's local engine:
+A run has `P` processes (one per host) and each process `S` local engines (vLLM sidecars, one per
+device group of its host). `SplitEngine` wraps one process's local engines:
 
-- generate: the requests are cut into one contiguous slice per process, balanced by sample
-  count and never splitting a request (a prompt's group stays on one host); each process's local
-  engine samples its slice, and the completions are all-gathered, so every process returns the
-  whole batch in request order. Sampling randomness is keyed by (seed, prompt_id, sample_index)
-  (rollout/protocol.py), so which host drew a sample does not change it.
-- update_weights: every process exports the parameters (the gather is collective) into its own
-  host's shared memory and loads them into its own sidecar.
+- generate: the requests are cut into `P * S` contiguous slices (`request_slice`), balanced by
+  sample count and never splitting a request (a prompt's group stays on one engine); local
+  engine s of process p samples slice `p * S + s`, all local engines at once. A process's
+  slices are adjacent, so its completions are one contiguous run of the batch; with several
+  processes they are all-gathered, so every process returns the whole batch in request order.
+  Sampling randomness is keyed by (seed, prompt_id, sample_index) (rollout/protocol.py), so
+  which engine drew a sample does not change it.
+- update_weights: the parameters are exported ONCE per process (host) into one shared
+  directory (every process at the same time: the gather of sharded parameters is collective);
+  every local engine reloads it and verifies it (`load_push`), then the previous push is deleted.
+  Engines without `load_push` (e.g. a test's) are given the parameters directly.
 
 Completions travel as plain arrays (lengths, finish codes, token ids, log-probs, versions); prompt
 ids are not sent: every process knows the requests, so they are rebuilt from the request order
@@ -18,13 +22,15 @@ ids are not sent: every process knows the requests, so they are rebuilt from the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import concurrent.futures
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
+from dynamo_jax.rollout.weight_push import PushTimings
 from dynamo_jax.sharding import multihost
 
 _FINISH = ("stop", "length")
@@ -96,38 +102,108 @@ def gather_completions(local: Sequence[Completion], requests: Sequence[Request])
     return out
 
 
-class ProcessSplitEngine:
-    """A `RolloutEngine` over one local engine per process (see the module docstring).
+def _run_each(fn: Callable, items: Sequence) -> list:
+    """fn(item) for every item, concurrently when there are several (each a blocking call into
+    its own sidecar); the first failure is raised after all have finished."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
+
+
+class SplitEngine:
+    """A `RolloutEngine` over this process's `local` engines (see the module docstring).
 
     Every method must be called on every process at the same time with the same arguments
-    (the trainer's host loop does that); `last_local_samples` is how many samples this
-    process's own engine drew in the last `generate`.
+    (the trainer's host loop does that). `export(params, version) -> PushDir` writes one push
+    for the host (weight_push.export_push_dir); without it each local engine is given the
+    parameters itself. `last_local_samples` is how many samples this process's engines drew in
+    the last `generate`, `last_samples` how many each did; `exports` counts exports, `last_push`
+    has the last push's timings. The process index and count default to JAX's.
     """
 
-    def __init__(self, local: Any):
-        self.local = local
+    def __init__(
+        self,
+        local: Sequence[Any],
+        export: Callable | None = None,
+        *,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ):
+        if not local:
+            raise ValueError("SplitEngine needs at least one local engine")
+        self.local = list(local)
+        self.export = export
+        self.process_index = jax.process_index() if process_index is None else process_index
+        self.process_count = jax.process_count() if process_count is None else process_count
         self.last_local_samples = 0
+        self.last_samples = [0] * len(self.local)
+        self.exports = 0
+        self.last_push = None
+        self._push = None  # the host's current push, deleted when the next one is loaded
+        self._version = 0
 
     @property
     def weight_version(self) -> int:
-        return self.local.weight_version
+        return self._version
+
+    def slices(self, requests: Sequence[Request]) -> list[slice]:
+        """The slice of `requests` each local engine samples."""
+        count = self.process_count * len(self.local)
+        first = self.process_index * len(self.local)
+        return [request_slice(requests, first + s, count) for s in range(len(self.local))]
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Completion]:
-        mine = list(requests[request_slice(requests, jax.process_index(), jax.process_count())])
-        local = self.local.generate(mine, sampling) if mine else []
+        parts = [list(requests[s]) for s in self.slices(requests)]
+        wants = [sum(r.n for r in part) for part in parts]
+        # An engine whose slice asks for no samples (none, or only n = 0 requests) is not called.
+        jobs = [(engine, part) for engine, part, want in zip(self.local, parts, wants) if want]
+        outs = iter(_run_each(lambda job: job[0].generate(job[1], sampling), jobs))
+        local = []
+        for s, want in enumerate(wants):
+            got = next(outs) if want else []
+            if len(got) != want:
+                raise RuntimeError(
+                    f"process {self.process_index}: local engine {s} returned {len(got)} "
+                    f"completions for {want} samples"
+                )
+            self.last_samples[s] = want
+            local.extend(got)
         self.last_local_samples = len(local)
-        if len(local) != sum(r.n for r in mine):
-            raise RuntimeError(
-                f"process {jax.process_index()}: local engine returned {len(local)} completions "
-                f"for {sum(r.n for r in mine)} samples"
-            )
+        if self.process_count == 1:
+            return local
         return gather_completions(local, requests)
 
     def update_weights(self, params: Any, version: int) -> None:
-        self.local.update_weights(params, version)
+        if version < self._version:
+            raise ValueError(f"weight version must not go back: {version} after {self._version}")
+        if self.export is None:
+            _run_each(lambda engine: engine.update_weights(params, version), self.local)
+            self._version = version
+            return
+        push = self.export(params, version)  # once for the host
+        self.exports += 1
+        try:
+            timings = _run_each(lambda engine: engine.load_push(push), self.local)
+        except BaseException:
+            # Engines that loaded it would restart from it, but the run ends on this error.
+            push.remove()
+            raise
+        old, self._push, self._version = self._push, push, version
+        if old is not None:
+            old.remove()
+        reload_s, verify_s = (max(t[i] for t in timings) for i in (0, 1))
+        self.last_push = PushTimings(push.export_s, reload_s, push.nbytes, verify_s)
 
     def close(self) -> None:
-        self.local.close()
+        try:
+            _run_each(lambda engine: engine.close(), self.local)
+        finally:
+            if self._push is not None:
+                self._push.remove()
+                self._push = None
 
     def __enter__(self):
         return self

@@ -6,9 +6,17 @@ and then speaks wire.py's protocol over a Unix socket in a private temporary dir
 connection per call, each with a timeout.
 
 Faults: a call that loses its connection or gets no reply within its timeout kills the sidecar's
-process group, starts a new one, re-pushes the current weights and retries the call, up to
-`max_restarts` times in the engine's life. An error the sidecar reports (bad request, vLLM
-exception) is raised as `SidecarError` without a restart: retrying would fail the same way.
+process group, starts a new one, re-pushes (and re-verifies) the current weights and retries the
+call, up to `max_restarts` times within any `restart_window_s` (a long run may ride out a few
+faults a day; a sidecar that keeps dying stops the run). An error the sidecar reports (bad
+request, vLLM exception) is raised as `SidecarError` without a restart: retrying would fail the
+same way.
+
+Weights: `load_push` reloads a pushed directory (weight_push.py) and then verifies it: the
+sidecar reads a few named tensors back from its engine and their digests must equal those of the
+pushed file, or the push is a `SidecarError` naming this sidecar and the tensor. A fleet of
+sidecars shares one pushed directory per host (rollout/process_split.py); `update_weights` and
+`push_hf_tensors` push to this sidecar alone.
 
 No orphans: `close()` (also run by a `weakref.finalize` at interpreter exit and on garbage
 collection) asks for a shutdown and then kills the process group; if the trainer dies without
@@ -32,16 +40,19 @@ import subprocess
 import tempfile
 import time
 import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dynamo_jax.errors import SidecarError
 from dynamo_jax.rollout import weight_push, wire
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
 
 log = logging.getLogger(__name__)
+_monotonic = time.monotonic  # the restart window's clock (a test replaces it)
 SERVER_SCRIPT = Path(__file__).with_name("sidecar_server.py")
 LOG_FILE_NAME = "vllm_sidecar.log"
 
@@ -60,16 +71,21 @@ class SidecarConfig:
     cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU builds
     max_num_seqs: int = 256
     startup_timeout_s: float = 600.0
-    call_timeout_s: float = 1800.0  # per generate/update call; a hung sidecar is detected by this
-    max_restarts: int = 2
+    call_timeout_s: float = 600.0  # per generate/update call; a hung sidecar is detected by this
+    max_restarts: int = 3  # restarts allowed within any restart_window_s
+    restart_window_s: float = 3600.0
+    tensor_parallel: int = 1  # vLLM's tensor_parallel_size: the devices of extra_env's group
+    sleep_level: int = 0  # vLLM sleep mode between generates (0 off, 1, 2; GPU only)
     shm_dir: str = "/dev/shm"  # where pushed weights are written (RAM-backed)
     extra_env: tuple[tuple[str, str], ...] = ()  # e.g. (("CUDA_VISIBLE_DEVICES", "1"),)
 
     def __post_init__(self):
-        for name in ("max_model_len", "max_num_seqs", "cpu_kv_cache_gib"):
+        for name in ("max_model_len", "max_num_seqs", "cpu_kv_cache_gib", "tensor_parallel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SidecarConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("startup_timeout_s", "call_timeout_s"):
+        if self.sleep_level not in (0, 1, 2):
+            raise ValueError(f"SidecarConfig.sleep_level must be 0, 1 or 2, got {self.sleep_level}")
+        for name in ("startup_timeout_s", "call_timeout_s", "restart_window_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SidecarConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_restarts < 0:
@@ -93,7 +109,7 @@ class SidecarConfig:
         object.__setattr__(self, "extra_env", tuple((str(k), str(v)) for k, v in self.extra_env))
 
     def llm_kwargs(self) -> dict:
-        return {
+        kwargs = {
             "model": str(Path(self.model_path).resolve()),
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
@@ -101,11 +117,16 @@ class SidecarConfig:
             "enforce_eager": self.enforce_eager,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_seqs": self.max_num_seqs,
+            "tensor_parallel_size": self.tensor_parallel,
         }
+        if self.sleep_level:
+            kwargs["enable_sleep_mode"] = True  # refused by vLLM on CPU
+        return kwargs
 
-
-class SidecarError(RuntimeError):
-    """The sidecar reported an error, or could not be kept alive."""
+    @property
+    def devices(self) -> str | None:
+        """The device group this sidecar runs on (its CUDA_VISIBLE_DEVICES), if set."""
+        return dict(self.extra_env).get("CUDA_VISIBLE_DEVICES")
 
 
 class SidecarStartError(SidecarError):
@@ -206,6 +227,7 @@ def spawn(config: SidecarConfig, log_path: Path, socket_path: str) -> _Process:
     command = [
         config.python, str(SERVER_SCRIPT), "--socket", socket_path,
         "--llm-json", json.dumps(config.llm_kwargs()), "--parent-pid", str(os.getpid()),
+        "--sleep-level", str(config.sleep_level),
     ]  # fmt: skip
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(
@@ -252,7 +274,8 @@ class _Resources:
 
     process: _Process | None = None
     socket_dir: str = ""
-    push_dir: Path | None = None
+    # Pushes this engine made itself (a fleet's shared push is the fleet's to delete).
+    push_dirs: list[Path] = dataclasses.field(default_factory=list)
 
 
 def _release(res: _Resources, graceful: bool) -> None:
@@ -265,10 +288,39 @@ def _release(res: _Resources, graceful: bool) -> None:
                 pass
         res.process.kill()
         res.process = None
-    for path in (res.push_dir, res.socket_dir):
+    for path in (*res.push_dirs, res.socket_dir):
         if path:
             shutil.rmtree(path, ignore_errors=True)
-    res.push_dir, res.socket_dir = None, ""
+    res.push_dirs, res.socket_dir = [], ""
+
+
+def compare_fingerprints(push: weight_push.PushDir, reply: dict, where: str) -> int:
+    """Check a `fingerprint` reply (every rank's digests of the tensors it read back) against
+    the pushed file; returns how many were compared. SidecarError names the first mismatch."""
+    if reply["weight_version"] != push.version:
+        raise SidecarError(
+            f"{where} reports weight version {reply['weight_version']} after the push of "
+            f"version {push.version}"
+        )
+    compared = 0
+    for rank in reply["ranks"]:
+        for name, got in sorted(rank["tensors"].items()):
+            if got["state"] != "ok":
+                continue  # fused or repacked inside vLLM: not readable by name
+            want = push.expected_digest(name, got["shape"], rank["rank"], got["dtype"])
+            if not want or got["digest"] != want:
+                raise SidecarError(
+                    f"{where} does not serve the pushed weights of version {push.version}: "
+                    f"tensor {name} (tensor-parallel rank {rank['rank']}, shape {got['shape']}, "
+                    f"{got['dtype']}) read back from vLLM differs from {push.file}"
+                )
+            compared += 1
+    if not compared:
+        raise SidecarError(
+            f"{where}: verification of the push of version {push.version} could not read any of "
+            f"{len(push.check_names())} tensors back from vLLM"
+        )
+    return compared
 
 
 class VLLMSidecarEngine:
@@ -276,17 +328,31 @@ class VLLMSidecarEngine:
 
     `model_cfg` is the models package's config of the trainer's parameter tree; it is what
     `hf_io.to_hf_tensors` needs to name the pushed tensors. Weight version 0 is the checkpoint
-    at `config.model_path` the sidecar starts from.
+    at `config.model_path` the sidecar starts from. `label` names this sidecar in errors (a
+    fleet has several); its output goes to `workdir/log_name`.
     """
 
-    def __init__(self, config: SidecarConfig, model_cfg: Any, workdir: str | os.PathLike):
+    def __init__(
+        self,
+        config: SidecarConfig,
+        model_cfg: Any,
+        workdir: str | os.PathLike,
+        *,
+        log_name: str = LOG_FILE_NAME,
+        label: str = "the vLLM sidecar",
+        push_tag: str | None = None,
+    ):
         self.config = config
         self.model_cfg = model_cfg
-        self.log_path = Path(workdir) / LOG_FILE_NAME
+        self.log_path = Path(workdir) / log_name
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.restarts = 0
+        self.label = label
+        self.push_tag = push_tag or weight_push.push_tag(workdir, 0)
+        self.restarts = 0  # in the engine's life
+        self._restart_times: deque[float] = deque()  # monotonic times, within the window
         self.last_push: weight_push.PushTimings | None = None
         self._version = 0
+        self._push: weight_push.PushDir | None = None  # what a restarted sidecar is re-given
         # Unix socket paths are limited to ~100 bytes, so the socket lives in a short private
         # (0700) temp dir rather than in the workdir.
         self._res = _Resources(socket_dir=tempfile.mkdtemp(prefix="dynamo-sidecar-"))
@@ -296,6 +362,9 @@ class VLLMSidecarEngine:
         except BaseException:
             self.close()
             raise
+
+    def __repr__(self) -> str:
+        return f"VLLMSidecarEngine({self.label}, log={self.log_path})"
 
     # -- RolloutEngine ---------------------------------------------------------------------
     @property
@@ -318,7 +387,8 @@ class VLLMSidecarEngine:
         reply = self._call(message)
         if reply["weight_version"] != self._version:
             raise SidecarError(
-                f"sidecar generated with weight version {reply['weight_version']}, expected {self._version}"
+                f"{self.label} generated with weight version {reply['weight_version']}, "
+                f"expected {self._version} (log: {self.log_path})"
             )
         completions = []
         for request, samples in zip(requests, reply["results"], strict=True):
@@ -336,9 +406,9 @@ class VLLMSidecarEngine:
         return completions
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Export `params` (HF names, `config.dtype`) to shared memory and load them as `version`.
+        """Export `params` (HF names, `config.dtype`) to shared memory, load and verify them.
 
-        Multi-host: every process runs its own sidecar and must call this at the same time (the
+        Multi-host: every process runs its own sidecars and must call this at the same time (the
         gather of sharded parameters is a collective); see rollout/process_split.py.
         """
         if self.model_cfg is None:
@@ -347,15 +417,10 @@ class VLLMSidecarEngine:
                 "(push_hf_tensors) but not a parameter tree"
             )
         self._check_version(version)
-        directory, export_s = weight_push.timed(
-            weight_push.export_push_dir,
-            params,
-            self.model_cfg,
-            self.config.shm_dir,
-            version,
-            self.config.dtype,
+        push = weight_push.export_push_dir(
+            params, self.model_cfg, self.config.shm_dir, version, self.config.dtype, self.push_tag
         )
-        self._push_and_time(directory, version, export_s)
+        self._load_owned(push)
 
     def close(self) -> None:
         """Shut the sidecar down (kill its group if it does not exit) and free the pushed files."""
@@ -368,42 +433,66 @@ class VLLMSidecarEngine:
     def __exit__(self, *exc):
         self.close()
 
-    # -- pushes from HF-named tensors ---------------------------------------------------------
+    # -- pushes --------------------------------------------------------------------------------
     def push_hf_tensors(self, tensors: Mapping[str, np.ndarray], version: int) -> None:
-        """Write HF-named host tensors to shared memory and load them as `version`."""
+        """Write HF-named host tensors to shared memory, load and verify them as `version`."""
         self._check_version(version)
-        directory, write_s = weight_push.timed(
-            weight_push.write_push_dir, tensors, self.config.shm_dir, version
-        )
-        self._push_and_time(directory, version, write_s)
+        push = weight_push.write_push_dir(tensors, self.config.shm_dir, version, self.push_tag)
+        self._load_owned(push)
+
+    def _load_owned(self, push: weight_push.PushDir) -> None:
+        self._res.push_dirs.append(push.directory)  # close() deletes it whatever happens next
+        try:
+            reload_s, verify_s = self.load_push(push)
+        except BaseException:
+            if self._push is not push:  # refused: the sidecar keeps (and restarts with) the last
+                self._res.push_dirs.remove(push.directory)
+                push.remove()
+            raise
+        self.last_push = weight_push.PushTimings(push.export_s, reload_s, push.nbytes, verify_s)
+        for old in self._res.push_dirs[:-1]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._res.push_dirs[:-1] = []
 
     def _check_version(self, version: int) -> None:
         if version < self._version:
             raise ValueError(f"weight version must not go back: {version} after {self._version}")
 
-    def _push_and_time(self, directory: Path, version: int, export_s: float) -> None:
-        nbytes = (Path(directory) / weight_push.WEIGHTS_FILE).stat().st_size
-        start = time.perf_counter()
-        self.push_hf_dir(directory, version)
-        self.last_push = weight_push.PushTimings(export_s, time.perf_counter() - start, nbytes)
+    def load_push(self, push: weight_push.PushDir) -> tuple[float, float]:
+        """Reload `push` in the sidecar and verify it; returns (reload_s, verify_s).
 
-    def push_hf_dir(self, directory: Path, version: int) -> None:
-        """Load a safetensors dir this engine now owns (it deletes it when superseded or closed)."""
-        try:
-            self._check_version(version)
-            reply = self._call(
-                {"op": "update_weights", "path": str(directory), "version": int(version)}
-            )
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
-        if reply["weight_version"] != version:
+        The caller owns `push` (deletes it once superseded); until then a restarted sidecar is
+        re-given it. Raises SidecarError if the sidecar refuses it or does not serve it.
+        """
+        self._check_version(push.version)
+        start = time.perf_counter()
+        self._reload(push)
+        self._push, self._version = push, push.version
+        reload_s = time.perf_counter() - start
+        start = time.perf_counter()
+        self.verify()
+        return reload_s, time.perf_counter() - start
+
+    def _reload(self, push: weight_push.PushDir) -> None:
+        message = {"op": "update_weights", "path": str(push.directory), "version": push.version}
+        reply = self._call(message)
+        if reply["weight_version"] != push.version:
             raise SidecarError(
-                f"sidecar confirmed version {reply['weight_version']}, pushed {version}"
+                f"{self.label} confirmed weight version {reply['weight_version']}, pushed "
+                f"{push.version} (log: {self.log_path})"
             )
-        old, self._res.push_dir, self._version = self._res.push_dir, Path(directory), int(version)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+
+    def verify(self) -> None:
+        """Check that the engine serves the current push: the digests of the named tensors it
+        reads back equal those of the pushed file. Raises SidecarError naming the tensor."""
+        push = self._push
+        if push is None:
+            return  # weight version 0: the checkpoint vLLM itself started from
+        reply = self._call({"op": "fingerprint", "names": push.check_names()})
+        self._compare(push, reply)
+
+    def _compare(self, push: weight_push.PushDir, reply: dict) -> None:
+        compare_fingerprints(push, reply, f"{self.label} (log: {self.log_path})")
 
     # -- process supervision ----------------------------------------------------------------
     @property
@@ -412,34 +501,34 @@ class VLLMSidecarEngine:
         return None if process is None else process.popen.pid
 
     def _start(self) -> None:
-        """Start a sidecar, wait for health, and give it the current weights."""
+        """Start a sidecar, wait for health, and give it the current weights (verified)."""
         socket_path = os.path.join(self._res.socket_dir, "sock")
         if os.path.exists(socket_path):
             os.unlink(socket_path)
         self._res.process = spawn(self.config, self.log_path, socket_path)
         wait_healthy(self._res.process, self.config.startup_timeout_s)
-        if self._res.push_dir is not None:
-            message = {
-                "op": "update_weights",
-                "path": str(self._res.push_dir),
-                "version": self._version,
-            }
+        push = self._push
+        if push is not None:
+            message = {"op": "update_weights", "path": str(push.directory), "version": push.version}
             self._res.process.call(message, self.config.call_timeout_s)
+            message = {"op": "fingerprint", "names": push.check_names()}
+            self._compare(push, self._res.process.call(message, self.config.call_timeout_s))
 
     def _restart(self, reason: str) -> None:
+        window, limit = self.config.restart_window_s, self.config.max_restarts
         while True:
-            if self.restarts >= self.config.max_restarts:
+            now = _monotonic()
+            while self._restart_times and now - self._restart_times[0] >= window:
+                self._restart_times.popleft()
+            if len(self._restart_times) >= limit:
                 raise SidecarError(
-                    f"the vLLM sidecar failed ({reason}) and the {self.config.max_restarts} allowed "
-                    f"restarts are used up; its log is {self.log_path}"
+                    f"{self.label} failed ({reason}) after {limit} restarts within "
+                    f"{window:g} s (max_restarts per restart_window_s); its log is {self.log_path}"
                 )
+            self._restart_times.append(now)
             self.restarts += 1
-            log.warning(
-                "restarting the vLLM sidecar (%d/%d): %s",
-                self.restarts,
-                self.config.max_restarts,
-                reason,
-            )
+            log.warning("restarting %s (%d in the last %g s): %s", self.label,
+                        len(self._restart_times), window, reason)  # fmt: skip
             self._res.process.kill()
             try:
                 self._start()
@@ -449,7 +538,7 @@ class VLLMSidecarEngine:
 
     def _call(self, message: dict) -> dict:
         if self._res.process is None:
-            raise SidecarError("the sidecar engine is closed")
+            raise SidecarError(f"{self.label}: the sidecar engine is closed")
         while True:
             try:
                 return self._res.process.call(message, self.config.call_timeout_s)

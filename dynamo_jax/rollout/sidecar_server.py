@@ -11,8 +11,11 @@ sidecar's whole life: EOF on it means the trainer is gone (even after a SIGKILL,
 cleanup), and the watchdog thread kills this process group. A poll of the parent pid covers a
 pipe kept open by a forked child of the trainer.
 
-Ops (one JSON frame each, see wire.py): hello, health, generate, update_weights, shutdown.
-Errors inside an op are answered as `{"ok": false, "error": ...}`, never swallowed.
+Ops (one JSON frame each, see wire.py): hello, health, generate, update_weights, fingerprint,
+shutdown. Errors inside an op are answered as `{"ok": false, "error": ...}`, never swallowed.
+
+With `--sleep-level 1|2` (vLLM's sleep mode, GPU only) the engine sleeps after every generate,
+so the trainer has the memory while it trains, and wakes before the next reload or generate.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -101,21 +103,94 @@ def safetensors_shapes(directory: str) -> dict[str, list[int]]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {directory}")
     for path in files:
-        with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        header.pop("__metadata__", None)
+        header, _ = wire.safetensors_header(path)
         shapes.update({name: info["shape"] for name, info in header.items()})
     return shapes
+
+
+def tp_rank() -> int:
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
+
+
+def read_fingerprints(worker, names: list[str], full_shapes: dict[str, list[int]]) -> dict:
+    """Run on every vLLM worker (collective_rpc): the digest of each named parameter's bytes as
+    this worker's model holds them, over the part of the pushed tensor its rank holds (every
+    `wire.digest_step`-th slice of it along the first axis).
+
+    Per name: {"state": "ok", "shape", "dtype", "digest"}, or "absent" (vLLM fuses it into
+    another parameter, e.g. q/k/v into qkv_proj) or "unreadable" (the kernel repacked it and
+    dropped the plain tensor, as vLLM's CPU linear layers do).
+    """
+    import torch
+
+    params = dict(worker.get_model().named_parameters())
+    rank = tp_rank()
+    out = {}
+    for name in names:
+        param = params.get(name)
+        if param is None:
+            out[name] = {"state": "absent"}
+            continue
+        if param.numel() == 0:
+            out[name] = {"state": "unreadable"}
+            continue
+        local = param.detach()
+        entry = {"state": "ok", "shape": list(local.shape), "dtype": str(local.dtype)}
+        region = wire.shard_region(full_shapes[name], list(local.shape), rank)
+        if region is None:
+            entry["digest"] = ""  # the client reports the shape mismatch
+        else:
+            dim, _, size = region
+            part = local.narrow(dim, 0, size) if local.dim() else local
+            part = part[:: wire.digest_step(list(part.shape))] if part.dim() else part
+            data = part.contiguous().cpu().reshape(-1).view(torch.uint8)
+            entry["digest"] = wire.digest(data.numpy())
+        out[name] = entry
+    return {"rank": rank, "tensors": out}
+
+
+class SleepState:
+    """vLLM's sleep mode around generation: asleep between a generate and the next use.
+
+    Level 1 offloads the weights to host memory and drops the KV cache; level 2 drops both (the
+    trainer pushes new weights before every generate anyway). Waking is in two parts, as vLLM
+    recommends for weight updates: the weights before a reload, the KV cache before a generate.
+    """
+
+    def __init__(self, llm, level: int):
+        self.llm, self.level = llm, level
+        self.asleep: set[str] = set()  # the parts still asleep: "weights", "kv_cache"
+
+    def wake(self, *tags: str) -> None:
+        tags = [t for t in tags if t in self.asleep]
+        if tags:
+            self.llm.wake_up(tags=tags)
+            self.asleep.difference_update(tags)
+
+    def before_reload(self) -> None:
+        self.wake("weights")
+
+    def before_generate(self) -> None:
+        self.wake("weights", "kv_cache")
+
+    def after_generate(self) -> None:
+        if self.level and not self.asleep:
+            self.llm.sleep(level=self.level)
+            self.asleep = {"weights", "kv_cache"}
 
 
 class Sidecar:
     """Owns the LLM and the weight version; one method per op."""
 
-    def __init__(self, llm_kwargs: dict):
-        from vllm import LLM  # heavy import after the watchdog is running
+    def __init__(self, llm_kwargs: dict, sleep_level: int = 0, llm=None):
+        if llm is None:
+            from vllm import LLM  # heavy import after the watchdog is running
 
-        self.llm = LLM(**{**llm_kwargs, **FIXED_LLM_KWARGS})
+            llm = LLM(**{**llm_kwargs, **FIXED_LLM_KWARGS})
+        self.llm = llm
+        self.sleep = SleepState(llm, sleep_level)
         self.model_dir = llm_kwargs["model"]
         # What every push must contain: the names and shapes of the checkpoint vLLM started
         # from. A push that misses a tensor would otherwise leave stale weights in place silently.
@@ -156,7 +231,9 @@ class Sidecar:
             for r in live
         ]
         # LLM.generate returns outputs in prompt order; requests with n == 0 get no samples.
+        self.sleep.before_generate()
         outputs = iter(self.llm.generate(prompts, params, use_tqdm=False) if live else [])
+        self.sleep.after_generate()
         results = []
         for r in message["requests"]:
             samples = (
@@ -185,9 +262,8 @@ class Sidecar:
                 f"missing {missing[:5]}, unexpected {extra[:5]}, wrong shape {wrong[:5]}"
             )
         start = time.perf_counter()
-        # reload_weights (vLLM's layerwise in-place reload) works on CPU and GPU; a plain
-        # model.load_weights breaks on CPU fp32, where oneDNN has prepacked the weights.
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.sleep.before_reload()
+        self.reload(path)
         reload_s = time.perf_counter() - start
         # Cached KV blocks were computed with the old weights.
         if not self.llm.reset_prefix_cache():
@@ -195,6 +271,23 @@ class Sidecar:
         self.weight_version = version
         log(f"weights version {version} loaded from {path} in {reload_s:.3f} s")
         return {"weight_version": version, "reload_s": reload_s}
+
+    def reload(self, path: str) -> None:
+        # reload_weights (vLLM's layerwise in-place reload) works on CPU and GPU; a plain
+        # model.load_weights breaks on CPU fp32, where oneDNN has prepacked the weights.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+
+    def fingerprint(self, message: dict) -> dict:
+        """Digests of the named tensors as every rank's model holds them (see read_fingerprints)."""
+        names = [str(n) for n in message["names"]]
+        unknown = sorted(set(names) - set(self.expected_shapes))
+        if unknown:
+            raise ValueError(f"fingerprint: no tensor named {unknown[:5]} in the checkpoint")
+        self.sleep.before_reload()  # the weights must be resident to be read
+        ranks = self.llm.collective_rpc(
+            read_fingerprints, args=(names, {n: self.expected_shapes[n] for n in names})
+        )
+        return {"weight_version": self.weight_version, "ranks": ranks}
 
 
 def _completion(c) -> dict:
@@ -233,6 +326,7 @@ def serve_connection(conn: socket.socket, sidecar: Sidecar) -> bool:
         "health": sidecar.health,
         "generate": sidecar.generate,
         "update_weights": sidecar.update_weights,
+        "fingerprint": sidecar.fingerprint,
     }
     while True:
         try:
@@ -263,12 +357,13 @@ def main(argv: list[str] | None = None) -> None:
         "--llm-json", required=True, help="JSON object of vllm.LLM keyword arguments"
     )
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--sleep-level", type=int, default=0, choices=(0, 1, 2))
     args = parser.parse_args(argv)
     stdin_fd = sys.stdin.fileno()
     secret = read_secret(stdin_fd)
     watch_parent(stdin_fd, args.parent_pid)
     log(f"starting vLLM with {args.llm_json}")
-    sidecar = Sidecar(json.loads(args.llm_json))
+    sidecar = Sidecar(json.loads(args.llm_json), sleep_level=args.sleep_level)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(args.socket)
     os.chmod(args.socket, 0o600)
