@@ -88,7 +88,9 @@ def test_hidden_times_unembedding_is_logits(tiny3):
         tensors = {k: v for k, v in sd.items() if not (tie and k == "lm_head.weight")}
         params = hf_io.from_hf_tensors(tensors, cfg)
         pos = qwen.positions_from_mask(MASK)
-        h = qwen.hidden(params, cfg, TOKENS, pos, MASK)
+        h = qwen.Transformer(cfg).apply(
+            {"params": params}, TOKENS, pos, MASK, method=qwen.Transformer.hidden
+        )
         assert h.shape == (*TOKENS.shape, cfg.hidden_size)
         w = qwen.unembedding(params, cfg)
         expected = params["embed"]["embedding"].T if tie else params["lm_head"]["kernel"]
@@ -102,7 +104,13 @@ def test_bf16_compute_close_to_fp32(tiny3):
     cfg16 = cfg32.replace(dtype="bfloat16")
     params = hf_io.from_hf_tensors(sd, cfg32)  # fp32 params for both
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-    h16 = qwen.hidden(params, cfg16, TOKENS, qwen.positions_from_mask(MASK), MASK)
+    h16 = qwen.Transformer(cfg16).apply(
+        {"params": params},
+        TOKENS,
+        qwen.positions_from_mask(MASK),
+        MASK,
+        method=qwen.Transformer.hidden,
+    )
     assert h16.dtype == jnp.bfloat16
     out16, out32 = _flax_logits(params, cfg16), _flax_logits(params, cfg32)
     assert out16.dtype == np.float32 and np.isfinite(out16).all()
