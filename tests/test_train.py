@@ -149,6 +149,20 @@ LAUNCH_ARGS = (
 )
 
 
+def _timeline(path):
+    """{(event, index): [times]} of a kill_worker timeline file."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        e = json.loads(line)
+        out.setdefault((e["event"], e["index"]), []).append(e["t"])
+    return out
+
+
+def _last_event(path):
+    lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+    return json.loads(lines[-1]) if lines else None
+
+
 def test_metrics_cut_back_when_killed_before_the_first_checkpoint(tmp_path):
     """A run killed before its first checkpoint committed left records of steps it replays."""
     (tmp_path / "metrics.jsonl").write_text(
@@ -223,6 +237,59 @@ def test_checkpoints_that_do_not_fit_are_an_error_and_start_over_moves_them(fini
     ]
     assert [r["step"] for r in read_metrics(previous)] == list(range(1, 7))
     assert [r["step"] for r in read_metrics(workdir)] == [1, 2]
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_resume_is_bit_identical(tmp_path, monkeypatch):
+    """SIGKILL at 5 moments drawn by a seeded RNG from the uninterrupted run's timeline (during
+    compile, mid-step before the first checkpoint, during a save, during the final save, after
+    it), each followed by a resume of the same workdir (the next trial, then a last clean
+    launch); the final metrics and the whole checkpointed state (parameters, Adam moments,
+    counters, data position, allocator history, scheduler) equal the uninterrupted run's."""
+    import kill_worker
+
+    steps, every = 6, 3
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    kill_worker.install(tmp_path / "reference.jsonl", "none", monkeypatch.setattr)
+    train.run(from_config_dict(_short_config(steps=steps, every=every)), reference)
+    seen = _timeline(tmp_path / "reference.jsonl")
+    span = lambda a, b, i: seen[(b, i)][0] - seen[(a, i)][0]
+    save = min(span("save_begin", "save_end", i) for i in (3, 6))  # the first one compiles
+
+    rng = np.random.default_rng(2026)
+    u = rng.random(4)
+    plan = [  # (event, index, delay in s): a uniform moment inside the reference's phase
+        ("step_begin", 1, u[0] * min(span("step_begin", "step_end", 1), 1.0)),  # compiling
+        ("step_begin", 2, u[1] * span("step_begin", "step_end", 2)),  # before any checkpoint
+        ("save_begin", 3, u[2] * save),  # writing step 3
+        ("save_begin", 6, u[3] * save),  # the final save (after a resume from step 3 or 0)
+        ("closed", 0, 0.0),  # after the final save was committed
+    ]
+    args = [*LAUNCH_ARGS, f"--workdir={killed}", f"--config.train.steps={steps}",
+            f"--config.temperature.total_steps={steps}",
+            f"--config.checkpoint.every_steps={every}"]  # fmt: skip
+    landed = []
+    for trial, (event, index, delay) in enumerate([*plan, (None, 0, 0.0)]):
+        log = tmp_path / f"trial{trial}.jsonl"
+        kill = "none" if event is None else f"{event}:{index}:{delay:.4f}"
+        cmd = [sys.executable, str(ROOT / "tests" / "kill_worker.py"), str(log), kill, *args]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if event is None:
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert f"had already finished at step {steps}" in proc.stdout
+        else:
+            assert proc.returncode == -signal.SIGKILL, (kill, proc.stderr[-3000:])
+            landed.append(f"{kill} → after {_last_event(log)}")
+
+    assert _deterministic(read_metrics(killed)) == _deterministic(read_metrics(reference)), landed
+    step_a, params_a, all_a = _final_state(reference, _short_config(steps=steps, every=every))
+    step_b, params_b, all_b = _final_state(killed, _short_config(steps=steps, every=every))
+    assert step_a == step_b == steps
+    _assert_same_tree(params_a, params_b)
+    _assert_same_tree(all_a.device, all_b.device)  # parameters, Adam moments, counters, key
+    jax.tree.map(np.testing.assert_array_equal, all_a.host, all_b.host)
+    # The E3 scheduler moved the temperature, so restoring it was actually exercised.
+    assert float(all_a.host["temperature"]["temperature"]) != 1.0
 
 
 # ----------------------------------------------------------------------------- failures
