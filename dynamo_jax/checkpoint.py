@@ -25,7 +25,7 @@ damaged anyway (disk error, flipped bits, hand-edited files) fails to restore; `
 then falls back to the previous step and says so, and a training run moves the damaged one aside
 (`<step>.damaged-<n>`, kept for inspection, ignored by orbax) so it can write that step again.
 A step that is intact but does not fit the template (another model shape or optimizer) is not
-damage: it raises `CheckpointError` and is left as it is. `save` refuses state with NaN/Inf, so
+damage: it raises `LayoutError` and is left as it is. `save` refuses state with NaN/Inf, so
 a corrupted update can never become the checkpoint a later run resumes from.
 """
 
@@ -82,6 +82,14 @@ class Restored:
 
 class NonFiniteStateError(ValueError):
     """Raised instead of writing a checkpoint whose state holds NaN or Inf."""
+
+
+class LayoutError(CheckpointError):
+    """An intact step whose items do not fit the template (another model or optimizer)."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 class DamagedStepError(Exception):
@@ -305,8 +313,8 @@ class Checkpointer:
         """The device items named in `abstract` (item → template of ShapeDtypeStructs with
         shardings) and, if `host`, the host trees; every item's checksum verified.
 
-        Raises `DamagedStepError` for damage, `CheckpointError` if the step is intact but its
-        items do not fit the templates."""
+        Raises `DamagedStepError` for damage, `LayoutError` if the step is intact but its items
+        do not fit the templates."""
         meta = self.read_meta(step)
         try:
             saved = self._manager.item_metadata(step)
@@ -318,9 +326,10 @@ class Checkpointer:
                 raise DamagedStepError(f"its {name!r} item is missing")
             diff = _layout_differences(layouts[name].tree, template)
             if diff:
-                raise CheckpointError(
+                raise LayoutError(
                     f"{self.directory / str(step)}: its {name!r} item does not fit this run "
-                    f"({'; '.join(diff)})"
+                    f"({'; '.join(diff)})",
+                    step,
                 )
         items = {name: ocp.args.StandardRestore(t) for name, t in abstract.items()}
         if host:

@@ -482,15 +482,10 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
 
     Damaged steps are moved aside; a checkpoint this config cannot continue is an error
     (workdir.py). metrics.jsonl is cut back to the step, 0 included."""
-    restored = ckpt.restore_latest(
-        abstract_like(_checkpoint_items(tr)),
-        check_meta=functools.partial(run_dir.check_fits, workdir, tr.cfg),
-        move_damaged=True,
-    )
+    restored = run_dir.restore_latest(ckpt, abstract_like(_checkpoint_items(tr)), workdir, tr.cfg)
     step = 0
     if restored is not None:
         step = restored.step
-        run_dir.report_changes(workdir, tr.cfg, step, restored.meta)
         items = restored.device
         tr.state = tr.state.replace(
             params=items["params"], opt_state=items["opt_state"], step=items["progress"]["step"]

@@ -4,7 +4,7 @@
 leaves nothing behind and never erases a previous run:
 - `check_inputs`: the files the config names exist (data files, the initial HF checkpoint).
 - `check_resumable`: the workdir's newest readable checkpoint was saved with a config this one
-  can continue; `check_fits` applies the same rule to each step `restore_latest` considers.
+  can continue; `restore_latest` applies the same rule (`check_fits`) to each step it considers.
 - `start_over` (launch.py --start_over): the previous run's outputs move into
   `workdir/previous-<n>/` and training starts from step 0. Nothing is ever deleted.
 
@@ -35,7 +35,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from dynamo_jax.checkpoint import Checkpointer, DamagedStepError
+from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
 from dynamo_jax.config import RunConfig, section_class, to_json_dict
 from dynamo_jax.errors import CheckpointError, ConfigError
 from dynamo_jax.sharding import multihost
@@ -116,6 +116,18 @@ def config_differences(saved: dict, current: dict) -> tuple[list[str], list[str]
     return blocking, other
 
 
+def _shown(changes: list[str], limit: int = 4) -> str:
+    more = f" (+{len(changes) - limit} more)" if len(changes) > limit else ""
+    return ", ".join(changes[:limit]) + more
+
+
+def _way_out(workdir: Path) -> str:
+    return (
+        f"Rerun with the config in {workdir}/config.json, use another --workdir, or pass "
+        f"--start_over to move the previous run into {workdir}/previous-N and start at step 0."
+    )
+
+
 def check_fits(workdir: Path, cfg: RunConfig, step: int, meta: dict) -> None:
     """Raise `CheckpointError` if step `step` (its `meta`) was saved by a run `cfg` cannot continue."""
     saved = meta.get("config")
@@ -123,14 +135,9 @@ def check_fits(workdir: Path, cfg: RunConfig, step: int, meta: dict) -> None:
         raise CheckpointError(f"{workdir}/{CHECKPOINTS}/{step}: no saved config to compare with")
     blocking, _ = config_differences(saved, to_json_dict(cfg))
     if blocking:
-        shown = ", ".join(blocking[:4]) + (
-            f" (+{len(blocking) - 4} more)" if len(blocking) > 4 else ""
-        )
         raise CheckpointError(
             f"{workdir}: its checkpoint (step {step}) was saved with a config this run cannot "
-            f"continue: {shown}\n"
-            f"Rerun with the config in {workdir}/config.json, use another --workdir, or pass "
-            f"--start_over to move the previous run into {workdir}/previous-N and start at step 0."
+            f"continue: {_shown(blocking)}\n{_way_out(workdir)}"
         )
 
 
@@ -142,6 +149,32 @@ def report_changes(workdir: Path, cfg: RunConfig, step: int, meta: dict) -> list
             "resuming %s from step %d with config changes: %s", workdir, step, "; ".join(other)
         )
     return other
+
+
+def restore_latest(
+    ckpt: Checkpointer, abstract: dict, workdir: Path, cfg: RunConfig
+) -> Restored | None:
+    """`ckpt.restore_latest` for a training run: damaged steps moved aside, each candidate's
+    saved config checked (`check_fits`), items of another structure explained by the config
+    changes since (e.g. `optim.max_grad_norm` switching clipping off), the changes a resume
+    continues with logged."""
+    metas: dict[int, dict] = {}
+
+    def check(step: int, meta: dict) -> None:
+        metas[step] = meta
+        check_fits(workdir, cfg, step, meta)
+
+    try:
+        restored = ckpt.restore_latest(abstract, check_meta=check, move_damaged=True)
+    except LayoutError as err:
+        _, changes = config_differences(metas[err.step].get("config") or {}, to_json_dict(cfg))
+        since = _shown(changes) if changes else "none (the code changed since)"
+        raise CheckpointError(
+            f"{err}\nConfig changes since that checkpoint: {since}. {_way_out(workdir)}"
+        ) from err
+    if restored is not None:
+        report_changes(workdir, cfg, restored.step, restored.meta)
+    return restored
 
 
 def check_resumable(workdir: Path, cfg: RunConfig) -> None:

@@ -216,6 +216,18 @@ def test_checkpoints_that_do_not_fit_are_an_error_and_start_over_moves_them(fini
     with pytest.raises(CheckpointError, match=r"model\.num_layers 2 → 3.*\n.*--start_over"):
         train.run(from_config_dict(wider), workdir)
     assert _snapshot(workdir) == before  # nothing moved, written or cut
+    # Allowed by the rule, but the saved optimizer state has another structure (no clipping
+    # stage): caught when the step is restored, explained by the config change.
+    unclipped = _short_config(method="grpo", steps=6, every=3)
+    unclipped.optim.max_grad_norm = 0.0
+    with pytest.raises(CheckpointError) as err:
+        train.run(from_config_dict(unclipped), workdir)
+    first, second = str(err.value).splitlines()
+    assert "checkpoints/6: its 'opt_state' item does not fit this run" in first
+    assert second.startswith(
+        "Config changes since that checkpoint: optim.max_grad_norm 1.0 → 0.0. Rerun with"
+    )
+    assert _snapshot(workdir) == before
 
     # Every step damaged: an error (the steps are moved aside), and again on the next rerun.
     for step in (3, 6):
