@@ -512,13 +512,7 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
     previous run aside (workdir.py). The summary's `exit_code` is launch.py's exit status."""
     workdir = Path(workdir)
     primary = multihost.is_primary()  # metrics, config.json, plots and the summary: once
-    run_dir.check_inputs(cfg)
-    if start_over:
-        moved = run_dir.start_over(workdir)
-        if moved and primary:
-            print(f"moved the previous run in {workdir} to {moved}", flush=True)
-    else:
-        run_dir.check_resumable(workdir, cfg)
+    run_dir.prepare(workdir, cfg, start_over=start_over)
     tr = build_trainer(cfg, workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(workdir / run_dir.CHECKPOINTS, cfg.checkpoint)
@@ -578,21 +572,13 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
 
             write_plots(workdir)
         summary = RunSummary(
-            name=cfg.name,
-            workdir=workdir,
-            status=status,
-            reason=reason,
-            start_step=max(start, 0),
-            last_step=max(done, 0),
-            total_steps=cfg.train.steps,
-            checkpoint_step=saved,
-            skipped_updates=tr.skipped_updates,
-            tensorboard=cfg.logging.tensorboard,
-            plots=plots,
-        )
+            name=cfg.name, workdir=workdir, status=status, reason=reason,
+            start_step=max(start, 0), last_step=max(done, 0), total_steps=cfg.train.steps,
+            checkpoint_step=saved, skipped_updates=tr.skipped_updates,
+            tensorboard=cfg.logging.tensorboard, plots=plots,
+        )  # fmt: skip
         if primary and start >= 0:
-            records = read_metrics(workdir)
-            print(format_summary(summary, records, eval_group=OVERALL), flush=True)
+            print(format_summary(summary, read_metrics(workdir), OVERALL), flush=True)
     return summary
 
 

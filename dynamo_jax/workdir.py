@@ -5,7 +5,7 @@ leaves nothing behind and never erases a previous run:
 - `check_inputs`: the files the config names exist (data files, the initial HF checkpoint).
 - `check_resumable`: the workdir's newest readable checkpoint was saved with a config this one
   can continue; `restore_latest` applies the same rule (`check_fits`) to each step it considers.
-- `start_over` (launch.py --start_over): the previous run's outputs move into
+- `move_previous_run` (launch.py --start_over): the previous run's outputs move into
   `workdir/previous-<n>/` and training starts from step 0. Nothing is ever deleted.
 
 The resume rule. A checkpoint stores its run's resolved config. A difference in a field that
@@ -43,7 +43,7 @@ from dynamo_jax.sharding import multihost
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-# What a run writes into its workdir (moved, never deleted, by `start_over`).
+# What a run writes into its workdir (moved, never deleted, by `move_previous_run`).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "plots", "config.json")
 
 BLOCKING = ("model.*", "data.*", "train.prompts_per_step", "allocation.policy", "temperature.mode")
@@ -195,7 +195,19 @@ def check_resumable(workdir: Path, cfg: RunConfig) -> None:
         ckpt.close()
 
 
-def start_over(workdir: Path) -> Path | None:
+def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
+    """Everything `train.run` checks before it builds anything: `check_inputs`, then
+    `move_previous_run` if asked to start over (and says where it went), else `check_resumable`."""
+    check_inputs(cfg)
+    if not start_over:
+        check_resumable(workdir, cfg)
+        return
+    moved = move_previous_run(workdir)
+    if moved and multihost.is_primary():
+        print(f"moved the previous run in {workdir} to {moved}", flush=True)
+
+
+def move_previous_run(workdir: Path) -> Path | None:
     """Move the previous run's outputs into `workdir/previous-<n>/` (call on every process);
     returns that directory, or None if there was nothing to move."""
     workdir = Path(workdir)

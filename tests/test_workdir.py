@@ -104,11 +104,11 @@ def test_missing_input_files_name_the_field(tmp_path):
 
 
 def test_start_over_moves_the_previous_run_and_deletes_nothing(tmp_path):
-    assert run_dir.start_over(tmp_path) is None  # nothing to move
+    assert run_dir.move_previous_run(tmp_path) is None  # nothing to move
     for name in ("metrics.jsonl", "config.json", "notes.txt"):
         (tmp_path / name).write_text(name)
     (tmp_path / "checkpoints" / "5").mkdir(parents=True)
-    first = run_dir.start_over(tmp_path)
+    first = run_dir.move_previous_run(tmp_path)
     assert first == tmp_path / "previous-1"
     assert sorted(p.name for p in first.iterdir()) == [
         "checkpoints",
@@ -117,6 +117,6 @@ def test_start_over_moves_the_previous_run_and_deletes_nothing(tmp_path):
     ]
     assert (tmp_path / "notes.txt").read_text() == "notes.txt"  # not a run output: left alone
     (tmp_path / "metrics.jsonl").write_text("second")
-    assert run_dir.start_over(tmp_path) == tmp_path / "previous-2"
+    assert run_dir.move_previous_run(tmp_path) == tmp_path / "previous-2"
     assert (tmp_path / "previous-2" / "metrics.jsonl").read_text() == "second"
     assert (first / "metrics.jsonl").read_text() == "metrics.jsonl"
