@@ -5,9 +5,15 @@
     python launch.py --config configs/tiny.py --workdir W --config.train.steps=20
 
 The config file is an ml_collections file (`file.py:arg` passes `arg` to its `get_config`), locked
-so a misspelt override fails. A workdir holding checkpoints is resumed from its latest one.
+so a misspelt override fails. A workdir holding checkpoints is resumed from its latest one; if
+they were saved with a config this one cannot continue (dynamo_jax/workdir.py says which fields
+count), the run stops with an error unless `--start_over` moves the previous run aside.
 `--dry_run` builds the mesh, shardings and the jitted step on abstract shapes and prints the
 memory plan, without loading weights or data.
+
+Bad input (flags, config, data, checkpoint, sidecar start) is printed as one or two lines with
+exit status 2 and leaves nothing behind; `--debug` shows its traceback. A run that stops before
+its last step exits with 1, except on Ctrl-C (dynamo_jax/cli.py).
 
 Multi-process (one process per host, same command everywhere, a workdir all hosts can reach):
 
@@ -23,41 +29,51 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from dynamo_jax import cli
+from dynamo_jax.errors import ConfigError
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "ml_collections config file (configs/*.py[:arg]).", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Plan shardings and memory on abstract shapes only.")
+_START_OVER = flags.DEFINE_bool(
+    "start_over",
+    False,
+    "Move the workdir's previous run (checkpoints, metrics, TensorBoard, plots, config.json) "
+    "into WORKDIR/previous-<n> and train from step 0.",
+)
+_DEBUG = flags.DEFINE_bool("debug", False, "Show the traceback of known errors too.")
 flags.mark_flags_as_required(["config"])
 
 
-def main(argv):
+def main(argv) -> int:
     del argv
     if not flags.FLAGS["verbosity"].present:
         # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
         absl_logging.set_verbosity(absl_logging.WARNING)
-    # JAX fixes its share of accelerator memory when its backend starts, so set it from the
-    # config (rollout.jax_memory_fraction, docs/vllm_sidecar.md) before anything can start it.
-    from dynamo_jax.config import build_section
+    with cli.known_errors(debug=_DEBUG.value):
+        from dynamo_jax import train
+        from dynamo_jax.config import from_config_dict
 
-    os.environ.update(build_section("rollout", _CONFIG.value.rollout).jax_memory_env(os.environ))
-    if not _DRY_RUN.value:
+        # The whole config is validated before the job is joined or anything is written.
+        run_config = from_config_dict(cli.load_config(flags.FLAGS["config"]))
+        # JAX fixes its share of accelerator memory when its backend starts, so set it from the
+        # config (rollout.jax_memory_fraction, docs/vllm_sidecar.md) before anything starts it.
+        os.environ.update(run_config.rollout.jax_memory_env(os.environ))
+        if _DRY_RUN.value:
+            train.dry_run(run_config)
+            return 0
+        if not _WORKDIR.value:
+            raise ConfigError("--workdir is required unless --dry_run")
         # Join the job before any JAX computation (a no-op without the JAX_* variables). The dry
         # run simulates its devices in a subprocess of its own and never joins.
         from dynamo_jax.sharding.multihost import DistributedConfig, initialize_distributed
 
         initialize_distributed(DistributedConfig())
-    from dynamo_jax import train
-    from dynamo_jax.config import from_config_dict
-
-    run_config = from_config_dict(_CONFIG.value)
-    if _DRY_RUN.value:
-        train.dry_run(run_config)
-        return
-    if not _WORKDIR.value:
-        raise app.UsageError("--workdir is required unless --dry_run")
-    train.run(run_config, _WORKDIR.value)
+        summary = train.run(run_config, _WORKDIR.value, start_over=_START_OVER.value)
+        return summary.exit_code
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

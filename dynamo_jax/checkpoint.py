@@ -1,24 +1,42 @@
 """Save and restore everything a run needs to continue exactly where it stopped.
 
-A checkpoint is one orbax step directory with three items:
-- `state`: the device pytree (parameters, optimizer state, step, base RNG key), restored onto the
-  shardings of an abstract template so a resumed run lands on the same mesh layout;
+A checkpoint is one orbax step directory with one item per part of the run's state, so a reader
+restores only what it needs (export and evaluation read `params` and never build an optimizer):
+- device items, each a pytree restored onto the shardings of an abstract template so a resumed
+  run lands on the same mesh layout: `params`, `opt_state`, and `progress` (the applied-update
+  counter and the base RNG key);
 - `host`: host-side NumPy trees (data-iterator state, allocator history, temperature-scheduler
   state). They hold arrays, so they go in a `StandardSave` item (`JsonSave` cannot hold arrays);
-- `meta`: JSON (the resolved config and small scalars), for humans and for checking that a
-  resumed run uses the config it was started with.
+- `meta`: JSON: the step, the resolved config (a resumed run is checked against it) and a
+  checksum of every other item.
+
+Checksums: each device leaf gets two 32-bit sums of its raw bits, each bit-word weighted by an
+odd number that depends on its position (`_leaf_sums`). Any single flipped bit changes the
+first sum (an odd weight times ±2^b is never 0 mod 2^32), and any other change survives both
+with probability about 2^-64. The sums are exact integer reductions, so they do not depend on
+how the array is sharded, are computed on device where the data lives, and are read back as two
+scalars per leaf. Host leaves get a SHA-256, the config another. `restore` recomputes them and
+reports a mismatch as damage: a checksum of the values (not of the files) flags exactly the
+corruption that would change what the run resumes with.
 
 Atomicity: orbax writes each step into a temporary directory and renames it on commit, so a run
 killed mid-save leaves no half-written step that `latest_step` would pick up. A step that is
-damaged anyway (disk error, hand-edited files) fails to restore; `restore_latest` then falls back
-to the previous step and says so. `save` refuses state with NaN/Inf, so a corrupted update can
-never become the checkpoint a later run resumes from.
+damaged anyway (disk error, flipped bits, hand-edited files) fails to restore; `restore_latest`
+then falls back to the previous step and says so, and a training run moves the damaged one aside
+(`<step>.damaged-<n>`, kept for inspection, ignored by orbax) so it can write that step again.
+A step that is intact but does not fit the template (another model shape or optimizer) is not
+damage: it raises `LayoutError` and is left as it is. `save` refuses state with NaN/Inf, so
+a corrupted update can never become the checkpoint a later run resumes from.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dynamo_jax.errors import CheckpointError
+from dynamo_jax.sharding import multihost
+
 log = logging.getLogger(__name__)
+
+DEVICE_ITEMS = ("params", "opt_state", "progress")  # pytrees restored onto device shardings
+HOST, META = "host", "meta"  # host NumPy trees; JSON (step, config, checksums)
+_DAMAGED = re.compile(r"^(\d+)\.damaged-(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,30 +70,127 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint.max_to_keep must be >= 1, got {self.max_to_keep}")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Restored:
-    """What `Checkpointer.restore_latest` found."""
+    """What `Checkpointer.restore` read: only the items that were asked for."""
 
     step: int
-    state: Any  # device pytree, same structure and shardings as the template
-    host: dict  # NumPy trees as saved
-    meta: dict  # JSON as saved
+    device: dict[str, Any]  # item name → device pytree (structure and shardings of the template)
+    host: dict | None  # NumPy trees as saved (None when not asked for)
+    meta: dict  # JSON as saved: step, config, checksums
 
 
 class NonFiniteStateError(ValueError):
     """Raised instead of writing a checkpoint whose state holds NaN or Inf."""
 
 
-def _nonfinite_paths(tree: Any) -> list[str]:
-    """Key paths of floating leaves that hold a NaN or Inf (checked on device, fetched once)."""
-    leaves = jax.tree_util.tree_leaves_with_path(tree)
-    checks = {}
-    for path, leaf in leaves:
-        dtype = getattr(leaf, "dtype", None)
-        if dtype is not None and jnp.issubdtype(dtype, jnp.floating):
-            checks[jax.tree_util.keystr(path)] = jnp.all(jnp.isfinite(leaf))
-    fetched = jax.device_get(checks)
-    return [name for name, ok in fetched.items() if not bool(ok)]
+class LayoutError(CheckpointError):
+    """An intact step whose items do not fit the template (another model or optimizer)."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+class DamagedStepError(Exception):
+    """One step cannot be read back as it was written (missing or corrupt files, a checksum
+    mismatch). Callers fall back to an older step; it never reaches the user as such."""
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+def _as_words(x: jax.Array) -> jax.Array:
+    """The raw bits of `x` as uint32 words (narrower types widened, 64-bit types split)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    size = jnp.dtype(x.dtype).itemsize
+    if size >= 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    narrow = {1: jnp.uint8, 2: jnp.uint16}[size]
+    return jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
+
+
+def _leaf_sums(x: jax.Array) -> jax.Array:
+    """[2] uint32: Σ w·(2i+1) and Σ (w ^ w>>16)·(i·φ | 1) over the words w at linear index i.
+
+    The linear index is built from per-axis iotas (mod 2^32), so a sharded array is never
+    flattened (which would gather it); uint32 sums wrap, so the result is order-independent."""
+    w = _as_words(x)
+    index = jnp.zeros(w.shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(w.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, w.shape, axis) * jnp.uint32(stride)
+        stride = (stride * w.shape[axis]) % 2**32
+    s1 = jnp.sum(w * (index * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
+    mixed = w ^ (w >> jnp.uint32(16))
+    s2 = jnp.sum(mixed * ((index * jnp.uint32(0x9E3779B1)) | jnp.uint32(1)), dtype=jnp.uint32)
+    return jnp.stack([s1, s2])
+
+
+def _leaf_record(x: jax.Array) -> jax.Array:
+    """[3] uint32: the two sums, and 1 if every value is finite (non-floating leaves: 1)."""
+    finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.floating) else True
+    return jnp.concatenate([_leaf_sums(x), jnp.asarray(finite, jnp.uint32)[None]])
+
+
+_leaf_records = jax.jit(lambda leaves: [_leaf_record(x) for x in leaves])
+
+
+def _devices(x: Any) -> tuple[int, ...]:
+    sharding = getattr(x, "sharding", None)
+    return tuple(sorted(d.id for d in sharding.device_set)) if sharding is not None else ()
+
+
+def _describe(x: Any) -> str:
+    return f"{x.dtype}[{','.join(map(str, x.shape))}]"
+
+
+def _inspect(tree: Any) -> dict[str, tuple[str, bool]]:
+    """Key path → ("dtype[shape]:sum1:sum2", all finite) of every leaf, computed on device in
+    one jitted call per set of devices the leaves live on (a run's state: one call; every
+    process must call it)."""
+    flat = jax.tree_util.tree_leaves_with_path(tree)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (_, leaf) in enumerate(flat):
+        groups.setdefault(_devices(leaf), []).append(i)
+    records: dict[int, Any] = {}
+    for members in groups.values():
+        records.update(zip(members, _leaf_records([flat[i][1] for i in members]), strict=True))
+    out = {}
+    for i, (path, leaf) in enumerate(flat):
+        a, b, finite = (int(v) for v in multihost.host_copy(records[i]))
+        out[jax.tree_util.keystr(path)] = (f"{_describe(leaf)}:{a:08x}:{b:08x}", bool(finite))
+    return out
+
+
+def device_checksums(tree: Any) -> dict[str, str]:
+    """Key path → "dtype[shape]:sum1:sum2" of every leaf (call on every process)."""
+    return {path: checksum for path, (checksum, _) in _inspect(tree).items()}
+
+
+def host_checksums(tree: Any) -> dict[str, str]:
+    """Key path → SHA-256 of (dtype, shape, bytes) of every leaf of a host NumPy tree."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        arr = np.ascontiguousarray(np.asarray(leaf))
+        digest = hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode())
+        digest.update(arr.tobytes())
+        out[jax.tree_util.keystr(path)] = digest.hexdigest()
+    return out
+
+
+def config_checksum(config: Any) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def _mismatches(want: Mapping[str, str], got: Mapping[str, str]) -> list[str]:
+    return sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+
+
+# ----------------------------------------------------------------------------- helpers
 
 
 def _to_numpy_tree(tree: Any) -> Any:
@@ -76,18 +198,58 @@ def _to_numpy_tree(tree: Any) -> Any:
     return jax.tree.map(np.asarray, tree)
 
 
-class Checkpointer:
-    """orbax CheckpointManager with the run's three items and a damaged-step fallback."""
+def _stored_layout(leaf: Any) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) as orbax stores a leaf: a typed PRNG key as its raw uint32 key data."""
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.eval_shape(jax.random.key_data, leaf)
+    return tuple(leaf.shape), str(jnp.dtype(leaf.dtype))
 
-    def __init__(self, directory: str | Path, config: CheckpointConfig):
+
+def _layout_differences(saved: Any, template: Any, limit: int = 3) -> list[str]:
+    """'path: saved … vs expected …' for leaves whose presence, shape or dtype differ."""
+    have = {k: _stored_layout(v) for k, v in ocp.tree.to_flat_dict(saved).items() if v is not None}
+    want = {k: _stored_layout(v) for k, v in ocp.tree.to_flat_dict(template).items()}
+    out = []
+    for key in sorted(set(have) | set(want)):
+        if have.get(key) != want.get(key):
+            name = "/".join(key)
+            fmt = lambda lay: "absent" if lay is None else f"{lay[1]}{list(lay[0])}"
+            out.append(f"{name}: saved {fmt(have.get(key))}, expected {fmt(want.get(key))}")
+    return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def _short(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+
+
+# ----------------------------------------------------------------------------- the manager
+
+
+class Checkpointer:
+    """orbax CheckpointManager with the run's items, checksums and a damaged-step fallback.
+
+    `read_only` opens an existing directory for reading (export, evaluation): nothing is created,
+    deleted or moved."""
+
+    def __init__(self, directory: str | Path, config: CheckpointConfig, *, read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.config = config
+        self.read_only = read_only
+        if read_only and not self.directory.is_dir():
+            raise CheckpointError(f"{self.directory}: no checkpoint directory")
+        # (orbax's own read_only option logs warnings on every open; a reader just never saves.)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=config.max_to_keep,
-            create=True,
+            create=not read_only,
             enable_async_checkpointing=config.async_save,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        # Handlers for every item up front: reading one item (or its metadata) then needs no
+        # earlier save or restore of the others in this process.
+        handlers = {name: ocp.StandardCheckpointHandler() for name in (*DEVICE_ITEMS, HOST)}
+        handlers[META] = ocp.JsonCheckpointHandler()
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        )
 
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -95,45 +257,161 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, *, state: Any, host: dict, meta: dict) -> None:
-        """Write step `step`; raises `NonFiniteStateError` (writing nothing) if state is not finite."""
-        bad = _nonfinite_paths(state)
+    def damaged_dirs(self) -> list[Path]:
+        """Steps moved aside as damaged (`<step>.damaged-<n>`), oldest step first."""
+        if not self.directory.is_dir():
+            return []
+        found = [p for p in self.directory.iterdir() if _DAMAGED.match(p.name)]
+        return sorted(found, key=lambda p: tuple(int(g) for g in _DAMAGED.match(p.name).groups()))
+
+    # -- save ---------------------------------------------------------------------------
+    def save(self, step: int, *, device: Mapping[str, Any], host: dict, meta: dict) -> None:
+        """Write step `step`: the device items (`DEVICE_ITEMS`, all of them), `host` and `meta`.
+
+        Raises `NonFiniteStateError` (writing nothing) if a device item holds NaN/Inf."""
+        if self.read_only:
+            raise ValueError("a read-only Checkpointer saves nothing")
+        if set(device) != set(DEVICE_ITEMS):
+            raise ValueError(f"device items must be {DEVICE_ITEMS}, got {sorted(device)}")
+        inspected = {name: _inspect(tree) for name, tree in device.items()}
+        bad = [f"['{name}']{path}" for name, leaves in inspected.items()
+               for path, (_, finite) in leaves.items() if not finite]  # fmt: skip
         if bad:
             raise NonFiniteStateError(
                 f"refusing to checkpoint step {step}: non-finite values in {', '.join(bad[:5])}"
             )
-        args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            host=ocp.args.StandardSave(_to_numpy_tree(host)),
-            meta=ocp.args.JsonSave(meta),
-        )
+        host = _to_numpy_tree(host)
+        checksums = {
+            name: {path: checksum for path, (checksum, _) in leaves.items()}
+            for name, leaves in inspected.items()
+        }
+        checksums[HOST] = host_checksums(host)
+        if "config" in meta:
+            checksums["config"] = config_checksum(meta["config"])
+        items = {name: ocp.args.StandardSave(tree) for name, tree in device.items()}
+        items[HOST] = ocp.args.StandardSave(host)
+        items[META] = ocp.args.JsonSave({**meta, "checksums": checksums})
         # force=True: the caller decides when to save (every M steps, at the end, on Ctrl-C).
-        self._manager.save(step, args=args, force=True)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
-    def restore(self, step: int, abstract_state: Any) -> Restored:
-        args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            host=ocp.args.StandardRestore(),
-            meta=ocp.args.JsonRestore(),
-        )
-        out = self._manager.restore(step, args=args)
-        return Restored(step=step, state=out["state"], host=dict(out["host"]), meta=out["meta"])
+    # -- restore ------------------------------------------------------------------------
+    def read_meta(self, step: int) -> dict:
+        """The `meta` JSON of `step`; `DamagedStepError` if it cannot be read or lacks checksums."""
+        try:
+            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            meta = meta[META]
+        except Exception as err:  # orbax raises many types for missing or damaged files
+            raise DamagedStepError(f"its meta item cannot be read ({_short(err)})") from err
+        if not isinstance(meta, dict) or "checksums" not in meta:
+            raise DamagedStepError("its meta item has no checksums")
+        config = meta.get("config")
+        if config is not None and config_checksum(config) != meta["checksums"].get("config"):
+            raise DamagedStepError("checksum mismatch in the saved config")
+        return meta
 
-    def restore_latest(self, abstract_state: Any) -> Restored | None:
-        """Newest step that restores cleanly; damaged newer steps are reported and skipped."""
+    def restore(self, step: int, abstract: Mapping[str, Any], *, host: bool = True) -> Restored:
+        """The device items named in `abstract` (item → template of ShapeDtypeStructs with
+        shardings) and, if `host`, the host trees; every item's checksum verified.
+
+        Raises `DamagedStepError` for damage, `LayoutError` if the step is intact but its items
+        do not fit the templates."""
+        meta = self.read_meta(step)
+        try:
+            saved = self._manager.item_metadata(step)
+            layouts = {name: saved[name] for name in abstract}
+        except Exception as err:
+            raise DamagedStepError(f"its item metadata cannot be read ({_short(err)})") from err
+        for name, template in abstract.items():
+            if layouts[name] is None:
+                raise DamagedStepError(f"its {name!r} item is missing")
+            diff = _layout_differences(layouts[name].tree, template)
+            if diff:
+                raise LayoutError(
+                    f"{self.directory / str(step)}: its {name!r} item does not fit this run "
+                    f"({'; '.join(diff)})",
+                    step,
+                )
+        items = {name: ocp.args.StandardRestore(t) for name, t in abstract.items()}
+        if host:
+            items[HOST] = ocp.args.StandardRestore()
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as err:
+            raise DamagedStepError(f"its arrays cannot be read ({_short(err)})") from err
+        want = meta["checksums"]
+        for name in abstract:
+            bad = _mismatches(want.get(name, {}), device_checksums(out[name]))
+            if bad:
+                raise DamagedStepError(f"checksum mismatch in {name}{', '.join(bad[:3])}")
+        host_trees = None
+        if host:
+            host_trees = dict(out[HOST])
+            bad = _mismatches(want.get(HOST, {}), host_checksums(host_trees))
+            if bad:
+                raise DamagedStepError(f"checksum mismatch in host{', '.join(bad[:3])}")
+        return Restored(step, {name: out[name] for name in abstract}, host_trees, meta)
+
+    def restore_latest(
+        self,
+        abstract: Mapping[str, Any],
+        *,
+        host: bool = True,
+        check_meta: Callable[[int, dict], None] | None = None,
+        move_damaged: bool = False,
+    ) -> Restored | None:
+        """The newest step that restores intact; None if there is no step at all.
+
+        Damaged steps are reported and skipped; with `move_damaged` (a training run, which must
+        be able to write those steps again) they are renamed `<step>.damaged-<n>`. `check_meta`
+        sees each candidate's meta before its arrays are read and may raise (e.g. the config
+        does not fit): that error propagates and nothing is moved. If steps existed but all were
+        damaged (now, or moved aside by an earlier run), raises `CheckpointError`."""
         self.wait()
+        skipped = []
         for step in reversed(self.all_steps()):
             try:
-                return self.restore(step, abstract_state)
-            except Exception as err:  # orbax raises many types for damaged files
+                meta = self.read_meta(step)
+                if check_meta is not None:
+                    check_meta(step, meta)
+                restored = self.restore(step, abstract, host=host)
+                damage = None
+            except DamagedStepError as err:
+                damage = str(err)
+            # Every process must agree before one of them moves the step aside.
+            if _any_process(damage is not None):
+                where = self._set_aside(step) if move_damaged else None
+                skipped.append(where.name if where else str(step))
                 log.warning(
-                    "checkpoint step %d in %s is damaged (%s: %s); trying the previous one",
+                    "checkpoint step %d in %s is damaged (%s)%s; trying the previous one",
                     step,
                     self.directory,
-                    type(err).__name__,
-                    str(err)[:200],
+                    damage or "on another process",
+                    f", moved aside to {where.name}" if where else "",
                 )
+                continue
+            return restored
+        aside = [p.name for p in self.damaged_dirs()]
+        if skipped or aside:
+            raise CheckpointError(
+                f"{self.directory}: no intact checkpoint: every step is damaged "
+                f"({', '.join(aside if move_damaged else skipped)})"
+            )
         return None
+
+    def _set_aside(self, step: int) -> Path:
+        """Rename step `step` to `<step>.damaged-<n>` (first free n); every process calls this."""
+        if self.read_only:
+            raise ValueError("a read-only Checkpointer moves nothing")
+        multihost.sync_hosts(f"checkpoint_look_{step}")  # every process looks before any moves
+        n = 1
+        while (self.directory / f"{step}.damaged-{n}").exists():
+            n += 1
+        target = self.directory / f"{step}.damaged-{n}"
+        if multihost.is_primary():
+            (self.directory / str(step)).rename(target)
+        multihost.sync_hosts(f"checkpoint_set_aside_{step}_{n}")
+        self._manager.reload()
+        return target
 
     def wait(self) -> None:
         """Block until an async save has been committed."""
@@ -144,6 +422,11 @@ class Checkpointer:
         self._manager.close()
 
 
-def abstract_like(state: Any) -> Any:
-    """Shape/dtype/sharding template of `state` for `Checkpointer.restore`."""
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+def _any_process(flag: bool) -> bool:
+    """True if `flag` is set on any process (every process must call this at the same point)."""
+    return bool(multihost.allgather_host(np.asarray(flag)).any())
+
+
+def abstract_like(tree: Any) -> Any:
+    """Shape/dtype/sharding template of `tree` for `Checkpointer.restore`."""
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

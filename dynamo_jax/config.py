@@ -18,6 +18,7 @@ from typing import Any
 from dynamo_jax.allocation.config import AllocationConfig, TemperatureConfig
 from dynamo_jax.checkpoint import CheckpointConfig
 from dynamo_jax.data.config import DataConfig
+from dynamo_jax.errors import ConfigError
 from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.metrics import LoggingConfig
 from dynamo_jax.models.config import ModelConfig
@@ -39,7 +40,7 @@ def _positive(section: str, obj: Any, *names: str) -> None:
 class TrainConfig:
     """The RL loop's shape: steps, batch, optimizer mini-batches, failure limits."""
 
-    seed: int = 0  # every random stream derives from (seed, step)
+    seed: int = 0  # every random stream derives from (seed, step); in [0, 2**32)
     steps: int = 100  # RL steps (one rollout batch each)
     prompts_per_step: int = 8  # N prompts per step; the budget is B = N * allocation.n_avg
     mini_batch_size: int = 64  # responses per optimizer update; must divide B
@@ -49,6 +50,10 @@ class TrainConfig:
     shuffle_mini_batches: bool = True  # permute responses (keyed by seed, step) before splitting
 
     def __post_init__(self):
+        # NumPy's SeedSequence and vLLM's seeding (np.random.seed) take only non-negative seeds
+        # below 2**32; a bad one would otherwise fail at step 1, after minutes of compiling.
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"train.seed must be an int in [0, 2**32), got {self.seed!r}")
         _positive("train", self, "steps", "prompts_per_step", "mini_batch_size", "micro_batches")
         _positive("train", self, "ppo_epochs", "max_consecutive_nonfinite")
         if self.mini_batch_size % self.micro_batches:
@@ -195,13 +200,13 @@ def build_section(name: str, values: Mapping[str, Any]) -> Any:
     values = _plain(values)
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"config.{name} has unknown field(s) {unknown}; {cls.__name__} fields: {sorted(fields)}"
         )
     try:
         return cls(**values)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"config.{name} ({cls.__name__}): {err}") from err
+        raise ConfigError(f"config.{name} ({cls.__name__}): {err}") from err
 
 
 def from_config_dict(config: Any) -> RunConfig:
@@ -210,7 +215,7 @@ def from_config_dict(config: Any) -> RunConfig:
     missing = sorted(set(SECTIONS) - set(raw))
     extra = sorted(set(raw) - set(SECTIONS) - {"name"})
     if missing or extra:
-        raise ValueError(f"config sections: missing {missing}, unknown {extra}")
+        raise ConfigError(f"config sections: missing {missing}, unknown {extra}")
     sections = {name: build_section(name, raw[name]) for name in SECTIONS}
     run = RunConfig(name=str(raw.get("name", "run")), **sections)
     check_cross_fields(run)
@@ -223,20 +228,20 @@ def check_cross_fields(run: RunConfig) -> None:
     try:
         alloc.validate_against(norm_adv_by_std=run.loss.norm_adv_by_std)
     except ValueError as err:
-        raise ValueError(f"config.allocation vs config.loss.norm_adv_by_std: {err}") from err
+        raise ConfigError(f"config.allocation vs config.loss.norm_adv_by_std: {err}") from err
     budget = run.budget
     if budget % train.mini_batch_size:
-        raise ValueError(
+        raise ConfigError(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide the rollout budget "
             f"train.prompts_per_step * allocation.n_avg = {budget}"
         )
     if temp.mode == "e3" and temp.vocab_size != run.model.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"temperature.vocab_size ({temp.vocab_size}) must equal model.vocab_size "
             f"({run.model.vocab_size}): the E3 gain uses the policy's |V|"
         )
     if temp.anneal and temp.total_steps != train.steps:
-        raise ValueError(
+        raise ConfigError(
             f"temperature.total_steps ({temp.total_steps}) must equal train.steps ({train.steps})"
         )
     if run.max_seq_len > run.model.max_position_embeddings:

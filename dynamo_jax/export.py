@@ -16,33 +16,39 @@ from pathlib import Path
 
 import jax
 
-from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
+from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, DamagedStepError
 from dynamo_jax.config import RunConfig, from_config_dict
+from dynamo_jax.errors import CheckpointError, UserError
 
 
 def restore_params(workdir: Path, cfg: RunConfig, step: int | None):
-    """(step, params) of a checkpoint in `workdir`, restored unsharded on the default device."""
-    from dynamo_jax.step.optimizer import make_optimizer
-    from dynamo_jax.step.state import abstract_train_state
+    """(step, params) of a checkpoint in `workdir`, restored unsharded on the default device.
 
-    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
+    Reads only the `params` item (checksum verified): no optimizer is built or read. A damaged
+    newest step is reported and the previous one used; nothing in `workdir` is changed."""
+    from dynamo_jax.models.qwen import param_shapes
+
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    state = abstract_train_state(cfg.model, optimizer)
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
-    abstract = {"train": jax.tree.map(place, state), "rng": jax.random.key(cfg.train.seed)}
-    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(max_to_keep=10**6))
+    abstract = {"params": jax.tree.map(place, param_shapes(cfg.model))}
+    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(), read_only=True)
     try:
         if step is None:
-            restored = ckpt.restore_latest(abstract)
+            restored = ckpt.restore_latest(abstract, host=False)
             if restored is None:
-                raise SystemExit(f"{workdir}/checkpoints: no checkpoint to export")
+                raise CheckpointError(f"{workdir}/checkpoints: no checkpoint to export")
         else:
             if step not in ckpt.all_steps():
-                raise SystemExit(f"{workdir}: no checkpoint step {step} (have {ckpt.all_steps()})")
-            restored = ckpt.restore(step, abstract)
+                raise CheckpointError(
+                    f"{workdir}/checkpoints: no step {step} (have {ckpt.all_steps()})"
+                )
+            try:
+                restored = ckpt.restore(step, abstract, host=False)
+            except DamagedStepError as err:
+                raise CheckpointError(f"{workdir}/checkpoints/{step} is damaged: {err}") from err
     finally:
         ckpt.close()
-    return restored.step, restored.state["train"].params
+    return restored.step, restored.device["params"]
 
 
 def export(
@@ -53,7 +59,7 @@ def export(
     workdir = Path(workdir)
     config_path = workdir / "config.json"
     if not config_path.exists():
-        raise SystemExit(f"{workdir}: no config.json (is this a run directory?)")
+        raise CheckpointError(f"{workdir}: no config.json (is this a run directory?)")
     cfg = from_config_dict(json.loads(config_path.read_text()))
     step, params = restore_params(workdir, cfg, step)
     tokenizer = None
@@ -73,7 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
     parser.add_argument("--dtype", default="bfloat16", help="safetensors dtype")
     args = parser.parse_args(argv)
-    export(args.workdir, args.out_dir, step=args.step, dtype=args.dtype)
+    try:
+        export(args.workdir, args.out_dir, step=args.step, dtype=args.dtype)
+    except UserError as err:  # bad input: one line, no traceback (as launch.py does)
+        raise SystemExit(f"error: {err}") from None
 
 
 if __name__ == "__main__":

@@ -56,14 +56,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynamo_jax import batching, evaluate, tasks
+from dynamo_jax import workdir as run_dir
 from dynamo_jax.allocation import AllocationResult, make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.batching import RolloutBatch
-from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError
+from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
+from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.losses.advantages import sequence_advantages
-from dynamo_jax.metrics import MetricsWriter, NullWriter, truncate_metrics
+from dynamo_jax.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
 from dynamo_jax.seeds import MINI_BATCH, ROLLOUT, step_seed
@@ -74,6 +76,7 @@ from dynamo_jax.step.forward import LogprobFn, make_logprob_fn
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
+from dynamo_jax.summary import RunSummary, Status, format_summary
 
 log = logging.getLogger(__name__)
 
@@ -503,11 +506,17 @@ def _base_key(tr: Trainer) -> jax.Array:
     return key
 
 
+def _checkpoint_items(tr: Trainer) -> dict[str, Any]:
+    """The device items of a checkpoint: one orbax item each, so parameters restore alone."""
+    progress = {"step": tr.state.step, "rng": _base_key(tr)}
+    return {"params": tr.state.params, "opt_state": tr.state.opt_state, "progress": progress}
+
+
 def _checkpoint(tr: Trainer, ckpt: Checkpointer, step: int, writer: Any) -> bool:
     try:
         ckpt.save(
             step,
-            state={"train": tr.state, "rng": _base_key(tr)},
+            device=_checkpoint_items(tr),
             host=tr.host_state(),
             meta={"step": step, "config": to_json_dict(tr.cfg)},
         )
@@ -518,25 +527,25 @@ def _checkpoint(tr: Trainer, ckpt: Checkpointer, step: int, writer: Any) -> bool
 
 
 def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
-    """Resume from the newest intact checkpoint; returns its step (0 for a fresh run)."""
-    abstract = {
-        "train": jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tr.state
-        ),
-        "rng": _base_key(tr),
-    }
-    restored = ckpt.restore_latest(abstract)
-    if restored is None:
-        return 0
-    if restored.meta.get("config") != json.loads(json.dumps(to_json_dict(tr.cfg))):
-        log.warning("resuming %s with a config that differs from the checkpoint's", workdir)
-    tr.state = restored.state["train"]
-    tr.load_host_state(restored.host)
-    tr.engine.update_weights(tr.state.params, restored.step)
+    """Resume from the newest intact checkpoint; returns its step (0 for a fresh run).
+
+    Damaged steps are moved aside; a checkpoint this config cannot continue is an error
+    (workdir.py). metrics.jsonl is cut back to the step, 0 included."""
+    restored = run_dir.restore_latest(ckpt, abstract_like(_checkpoint_items(tr)), workdir, tr.cfg)
+    step = 0
+    if restored is not None:
+        step = restored.step
+        items = restored.device
+        tr.state = tr.state.replace(
+            params=items["params"], opt_state=items["opt_state"], step=items["progress"]["step"]
+        )
+        tr.load_host_state(restored.host)
+        tr.engine.update_weights(tr.state.params, step)
     if multihost.is_primary():
-        truncate_metrics(workdir, restored.step)
-        print(f"resumed {workdir} from step {restored.step}", flush=True)
-    return restored.step
+        truncate_metrics(workdir, step)
+        if step:
+            print(f"resumed {workdir} from step {step}", flush=True)
+    return step
 
 
 def _any_process(flag: bool) -> bool:
@@ -544,57 +553,82 @@ def _any_process(flag: bool) -> bool:
     return bool(multihost.allgather_host(np.asarray(flag)).any())
 
 
-def run(cfg: RunConfig, workdir: str | Path) -> dict:
-    """Train (resuming from `workdir`'s latest checkpoint if any); returns a summary dict."""
+def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> RunSummary:
+    """Train (resuming from `workdir`'s latest checkpoint if any); prints and returns a summary.
+
+    Before anything is built, the config's input files are checked and so is the workdir: a
+    checkpoint this config cannot continue is a `CheckpointError`, unless `start_over` moves the
+    previous run aside (workdir.py). The summary's `exit_code` is launch.py's exit status."""
     workdir = Path(workdir)
-    primary = multihost.is_primary()  # metrics, config.json and plots are written once
-    workdir.mkdir(parents=True, exist_ok=True)
-    if primary:
-        (workdir / "config.json").write_text(json.dumps(to_json_dict(cfg), indent=1))
+    primary = multihost.is_primary()  # metrics, config.json, plots and the summary: once
+    run_dir.prepare(workdir, cfg, start_over=start_over)
     tr = build_trainer(cfg, workdir)
-    ckpt = Checkpointer(workdir / "checkpoints", cfg.checkpoint)
-    start = _restore(tr, ckpt, workdir)
-    writer = (
-        MetricsWriter(workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start)
-        if primary
-        else NullWriter()
-    )
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(workdir / run_dir.CHECKPOINTS, cfg.checkpoint)
+    writer: Any = NullWriter()
     stop = _StopRequest()
     previous_handler = signal.signal(signal.SIGINT, stop) if _main_thread() else None
-    status, step = "finished", start
+    start = done = -1  # -1 until the restore: no summary for a run that never started
+    status, reason = Status.FINISHED, ""
     try:
+        start = done = _restore(tr, ckpt, workdir)
+        if primary:
+            (workdir / "config.json").write_text(json.dumps(to_json_dict(cfg), indent=1))
+            writer = MetricsWriter(
+                workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start
+            )
         for step in range(start + 1, cfg.train.steps + 1):
             metrics = rl_step(tr, step)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with _timed(metrics, "eval"):
                     metrics.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, step))
             writer.write(step, metrics)
-            if tr.consecutive_nonfinite >= cfg.train.max_consecutive_nonfinite:
-                status = "stopped: non-finite updates"
-                writer.message(
-                    f"step {step}: {tr.consecutive_nonfinite} non-finite updates in a row "
-                    f"(train.max_consecutive_nonfinite); stopping"
+            done = step
+            limit = cfg.train.max_consecutive_nonfinite
+            if tr.consecutive_nonfinite >= limit:
+                status = Status.NONFINITE
+                reason = (
+                    f"{tr.consecutive_nonfinite} non-finite updates in a row (limit "
+                    f"train.max_consecutive_nonfinite = {limit}); this step was not checkpointed"
                 )
+                writer.message(f"step {step}: {reason}; stopping")
                 break
             stopping = _any_process(stop.requested)  # every process stops after the same step
             last = step == cfg.train.steps or stopping
             if step % cfg.checkpoint.every_steps == 0 or last:
                 _checkpoint(tr, ckpt, step, writer)
             if stopping:
-                status = "interrupted"
+                status = Status.INTERRUPTED
                 break
+    except KeyboardInterrupt:  # the second Ctrl-C; reported in the summary, then raised
+        status, reason = Status.INTERRUPTED, "second Ctrl-C: stopped mid-step, not checkpointed"
+        raise
+    except Exception as err:  # reported in the summary, then raised as it was
+        status, reason = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        raise
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGINT, previous_handler)
+        ckpt.wait()
+        saved = ckpt.latest_step()
         ckpt.close()
         writer.close()
         tr.engine.close()
         tr.task.close()
-    if cfg.logging.plots_at_end and primary:
-        from dynamo_jax.plots import write_plots
+        plots = cfg.logging.plots_at_end and primary and start >= 0 and status is not Status.FAILED
+        if plots:
+            from dynamo_jax.plots import write_plots
 
-        write_plots(workdir)
-    return {"status": status, "last_step": step, "skipped_updates": tr.skipped_updates}
+            write_plots(workdir)
+        summary = RunSummary(
+            name=cfg.name, workdir=workdir, status=status, reason=reason,
+            start_step=max(start, 0), last_step=max(done, 0), total_steps=cfg.train.steps,
+            checkpoint_step=saved, skipped_updates=tr.skipped_updates,
+            tensorboard=cfg.logging.tensorboard, plots=plots,
+        )  # fmt: skip
+        if primary and start >= 0:
+            print(format_summary(summary, read_metrics(workdir), OVERALL), flush=True)
+    return summary
 
 
 def dry_run(cfg: RunConfig) -> dict:

@@ -5,7 +5,9 @@ import dataclasses
 import ml_collections as mlc
 import pytest
 
+from configs import tiny
 from dynamo_jax import config as C
+from dynamo_jax.errors import ConfigError, UserError
 
 
 def test_every_section_maps_to_a_frozen_dataclass():
@@ -20,6 +22,8 @@ def test_every_section_maps_to_a_frozen_dataclass():
     "cls,kwargs,message",
     [
         (C.TrainConfig, dict(steps=0), "train.steps"),
+        (C.TrainConfig, dict(seed=-1), "train.seed"),  # failed only at step 1 before
+        (C.TrainConfig, dict(seed=2**32), "train.seed"),  # np.random.seed (vLLM) refuses it
         (C.TrainConfig, dict(mini_batch_size=6, micro_batches=4), "train.micro_batches"),
         (C.OptimConfig, dict(schedule="linear"), "optim.schedule"),
         (C.OptimConfig, dict(b2=1.0), "optim.b2"),
@@ -62,3 +66,21 @@ def test_sequences_longer_than_the_model_context_are_refused():
     config.rollout.max_new_tokens = config.model.max_position_embeddings
     with pytest.raises(ValueError, match="exceeds the model's context"):
         C.from_config_dict(config)
+
+
+def test_validation_errors_are_config_errors_naming_the_field():
+    """launch.py prints a ConfigError as one line; it is still a ValueError for older callers."""
+    with pytest.raises(ConfigError, match=r"config\.train \(TrainConfig\): train\.seed"):
+        C.build_section("train", {"seed": -1})
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['stpes'\]"):
+        C.build_section("train", {"stpes": 3})
+    config = tiny.get_config()
+    del config["eval"]
+    with pytest.raises(ConfigError, match=r"missing \['eval'\]"):
+        C.from_config_dict(config)
+    config = tiny.get_config()
+    config.train.mini_batch_size = 48  # does not divide 16 prompts x 8 rollouts
+    with pytest.raises(ConfigError, match=r"train\.mini_batch_size \(48\) must divide"):
+        C.from_config_dict(config)
+    assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, UserError)
+    C.build_section("train", {"seed": 2**32 - 1})  # the largest seed

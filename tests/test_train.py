@@ -8,10 +8,10 @@ in-process runs and the `launch.py` subprocesses keeps the module to a few minut
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -20,11 +20,13 @@ import pytest
 
 from configs import tiny
 from dynamo_jax import batching, train
-from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
+from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, abstract_like
 from dynamo_jax.config import from_config_dict
+from dynamo_jax.errors import CheckpointError
 from dynamo_jax.metrics import read_metrics
 from dynamo_jax.rollout.protocol import Completion
 from dynamo_jax.step.optimizer import make_optimizer
+from dynamo_jax.summary import Status
 
 ROOT = Path(__file__).resolve().parents[1]
 # Metrics that measure wall-clock time differ between runs; everything else must not.
@@ -71,39 +73,54 @@ def _deterministic(records):
 
 
 def _final_state(workdir, config):
-    """(step, params, host state) of the newest checkpoint, restored on one device."""
+    """(step, params as export reads them, everything restored) of the newest checkpoint."""
     from dynamo_jax.export import restore_params
 
     cfg = from_config_dict(config)
     step, params = restore_params(Path(workdir), cfg, None)
-    ckpt = Checkpointer(Path(workdir) / "checkpoints", CheckpointConfig())
+    ckpt = Checkpointer(Path(workdir) / "checkpoints", CheckpointConfig(), read_only=True)
     restored = ckpt.restore(step, _abstract(cfg))
     ckpt.close()
-    return step, params, restored.host
+    return step, params, restored
 
 
 def _abstract(cfg):
+    """The checkpoint's device items as a template on one device."""
     from dynamo_jax.step.state import abstract_train_state
 
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
-    return {
-        "train": jax.tree.map(place, abstract_train_state(cfg.model, optimizer)),
-        "rng": jax.random.key(cfg.train.seed),
-    }
+    state = jax.tree.map(place, abstract_train_state(cfg.model, optimizer))
+    progress = {"step": state.step, "rng": abstract_like(jax.random.key(cfg.train.seed))}
+    return {"params": state.params, "opt_state": state.opt_state, "progress": progress}
+
+
+def _assert_same_tree(a, b):
+    for (path, x), y in zip(
+        jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True
+    ):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), jax.tree_util.keystr(path))
 
 
 # ----------------------------------------------------------------------------- learning
 
 
-def test_tiny_config_learns(tmp_path):
+def test_tiny_config_learns(tmp_path, capsys):
     """The README's default run: last 10% of steps ≥ first 10% + 0.5 mean reward (seed 0).
 
     Measured on 2026-11-22 (this config): per-prompt mean reward 0.05 → 0.80."""
     config = _quiet(tiny.get_config())
     summary = train.run(from_config_dict(config), tmp_path)
-    assert summary["status"] == "finished"
+    assert summary.status is Status.FINISHED and summary.exit_code == 0
+    assert (summary.last_step, summary.checkpoint_step) == (100, 100)
+    # The end-of-run summary: reward first → last, the last eval, outputs, export command.
+    printed = capsys.readouterr().out
+    assert "run tiny_dynamo finished at step 100 of 100\n  reward/mean " in printed
+    assert "eval         pass@1 " in printed and "(step 100)" in printed
+    assert f"export       python -m dynamo_jax.export {tmp_path} {tmp_path}/hf_step100" in printed
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == list(range(1, config.train.steps + 1))
     # Per-prompt accuracy averaged uniformly over the step's prompts: the rollout-weighted
@@ -124,67 +141,169 @@ def test_tiny_config_learns(tmp_path):
 
 # ----------------------------------------------------------------------------- resume
 
-
-def _launch(workdir, steps, every, method="e3"):
-    cmd = [
-        sys.executable,
-        str(ROOT / "launch.py"),
-        f"--config={ROOT / 'configs' / 'tiny.py'}:method={method}",
-        f"--workdir={workdir}",
-        f"--config.train.steps={steps}",
-        f"--config.temperature.total_steps={steps}",
-        f"--config.checkpoint.every_steps={every}",
-        "--config.checkpoint.max_to_keep=2",
-        "--config.logging.progress_bar=False",
-        "--config.logging.tensorboard=False",
-        "--config.logging.plots_at_end=False",
-        "--config.eval.every_steps=0",
-    ]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+LAUNCH_ARGS = (
+    f"--config={ROOT / 'configs' / 'tiny.py'}:method=e3",
+    "--config.checkpoint.max_to_keep=2",
+    "--config.logging.progress_bar=False",
+    "--config.logging.tensorboard=False",
+    "--config.logging.plots_at_end=False",
+    "--config.eval.every_steps=0",
+)
 
 
-def _wait_for_step(proc, workdir, step, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if len(read_metrics(workdir)) >= step:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run exited early: {proc.stderr.read().decode()[-3000:]}")
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+def _timeline(path):
+    """{(event, index): [times]} of a kill_worker timeline file."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        e = json.loads(line)
+        out.setdefault((e["event"], e["index"]), []).append(e["t"])
+    return out
 
 
-def test_sigkill_and_resume_is_bit_identical(tmp_path):
-    steps, every = 10, 3
-    reference = tmp_path / "reference"
-    train.run(from_config_dict(_short_config(steps=steps, every=every)), reference)
+def _last_event(path):
+    lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+    return json.loads(lines[-1]) if lines else None
 
-    killed = tmp_path / "killed"
-    kill_at = int(np.random.default_rng(int(time.time())).integers(4, steps))
-    proc = _launch(killed, steps, every)
-    _wait_for_step(proc, killed, kill_at)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert len(read_metrics(killed)) < steps, f"the run finished before the kill at {kill_at}"
 
-    proc = _launch(killed, steps, every)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err.decode()[-3000:]
-
-    assert _deterministic(read_metrics(killed)) == _deterministic(read_metrics(reference)), (
-        f"killed at step {kill_at}"
+def test_metrics_cut_back_when_killed_before_the_first_checkpoint(tmp_path):
+    """A run killed before its first checkpoint committed left records of steps it replays."""
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "stale": True}) + "\n" for s in (1, 2, 3))
     )
-    cfg = _short_config(steps=steps, every=every)
-    step_a, params_a, host_a = _final_state(reference, cfg)
-    step_b, params_b, host_b = _final_state(killed, cfg)
+    train.run(from_config_dict(_short_config(method="grpo", steps=2, every=5)), tmp_path)
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert not any("stale" in r for r in records)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """(config, workdir) of a finished 6-step run with checkpoints at steps 3 and 6."""
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    config = _short_config(method="grpo", steps=6, every=3)
+    train.run(from_config_dict(config), workdir)
+    return config, workdir
+
+
+def _copy(workdir, tmp_path):
+    return Path(shutil.copytree(workdir, tmp_path / "copy"))
+
+
+def test_damaged_newest_step_is_moved_aside_and_written_again(finished_run, tmp_path):
+    """The issue's repro: `rm -rf W/checkpoints/6/meta`, rerun the same command."""
+    config, original = finished_run
+    workdir = _copy(original, tmp_path)
+    shutil.rmtree(workdir / "checkpoints" / "6" / "meta")
+    summary = train.run(from_config_dict(config), workdir)
+    assert (summary.status, summary.start_step, summary.last_step) == (Status.FINISHED, 3, 6)
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [
+        "3",
+        "6",
+        "6.damaged-1",  # kept for inspection
+    ]
+    assert _deterministic(read_metrics(workdir)) == _deterministic(read_metrics(original))
+    _assert_same_tree(_final_state(workdir, config)[1], _final_state(original, config)[1])
+
+
+def _snapshot(workdir):
+    return {p.relative_to(workdir): p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+
+
+def test_checkpoints_that_do_not_fit_are_an_error_and_start_over_moves_them(finished_run, tmp_path):
+    config, original = finished_run
+    workdir = _copy(original, tmp_path)
+    before = _snapshot(workdir)
+    wider = _short_config(method="grpo", steps=6, every=3)
+    wider.model.num_layers = 3
+    with pytest.raises(CheckpointError, match=r"model\.num_layers 2 → 3.*\n.*--start_over"):
+        train.run(from_config_dict(wider), workdir)
+    assert _snapshot(workdir) == before  # nothing moved, written or cut
+    # Allowed by the rule, but the saved optimizer state has another structure (no clipping
+    # stage): caught when the step is restored, explained by the config change.
+    unclipped = _short_config(method="grpo", steps=6, every=3)
+    unclipped.optim.max_grad_norm = 0.0
+    with pytest.raises(CheckpointError) as err:
+        train.run(from_config_dict(unclipped), workdir)
+    first, second = str(err.value).splitlines()
+    assert "checkpoints/6: its 'opt_state' item does not fit this run" in first
+    assert second.startswith(
+        "Config changes since that checkpoint: optim.max_grad_norm 1.0 → 0.0. Rerun with"
+    )
+    assert _snapshot(workdir) == before
+
+    # Every step damaged: an error (the steps are moved aside), and again on the next rerun.
+    for step in (3, 6):
+        shutil.rmtree(workdir / "checkpoints" / str(step) / "meta")
+    for _ in range(2):
+        with pytest.raises(CheckpointError, match="every step is damaged.*3.damaged-1"):
+            train.run(from_config_dict(config), workdir)
+    assert [r["step"] for r in read_metrics(workdir)] == list(range(1, 7))  # not cut back
+
+    # Asked explicitly: the previous run moves into previous-1 and training starts at step 0.
+    shorter = _short_config(method="grpo", steps=2, every=3)
+    summary = train.run(from_config_dict(shorter), workdir, start_over=True)
+    assert (summary.start_step, summary.last_step, summary.exit_code) == (0, 2, 0)
+    previous = workdir / "previous-1"
+    assert sorted(p.name for p in previous.iterdir()) == [
+        "checkpoints",
+        "config.json",
+        "metrics.jsonl",
+    ]
+    assert [r["step"] for r in read_metrics(previous)] == list(range(1, 7))
+    assert [r["step"] for r in read_metrics(workdir)] == [1, 2]
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_resume_is_bit_identical(tmp_path, monkeypatch):
+    """SIGKILL at 5 moments drawn by a seeded RNG from the uninterrupted run's timeline (during
+    compile, mid-step before the first checkpoint, during a save, during the final save, after
+    it), each followed by a resume of the same workdir (the next trial, then a last clean
+    launch); the final metrics and the whole checkpointed state (parameters, Adam moments,
+    counters, data position, allocator history, scheduler) equal the uninterrupted run's."""
+    import kill_worker
+
+    steps, every = 6, 3
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    kill_worker.install(tmp_path / "reference.jsonl", "none", monkeypatch.setattr)
+    train.run(from_config_dict(_short_config(steps=steps, every=every)), reference)
+    seen = _timeline(tmp_path / "reference.jsonl")
+    span = lambda a, b, i: seen[(b, i)][0] - seen[(a, i)][0]
+    save = min(span("save_begin", "save_end", i) for i in (3, 6))  # the first one compiles
+
+    rng = np.random.default_rng(2026)
+    u = rng.random(4)
+    plan = [  # (event, index, delay in s): a uniform moment inside the reference's phase
+        ("step_begin", 1, u[0] * min(span("step_begin", "step_end", 1), 1.0)),  # compiling
+        ("step_begin", 2, u[1] * span("step_begin", "step_end", 2)),  # before any checkpoint
+        ("save_begin", 3, u[2] * save),  # writing step 3
+        ("save_begin", 6, u[3] * save),  # the final save (after a resume from step 3 or 0)
+        ("closed", 0, 0.0),  # after the final save was committed
+    ]
+    args = [*LAUNCH_ARGS, f"--workdir={killed}", f"--config.train.steps={steps}",
+            f"--config.temperature.total_steps={steps}",
+            f"--config.checkpoint.every_steps={every}"]  # fmt: skip
+    landed = []
+    for trial, (event, index, delay) in enumerate([*plan, (None, 0, 0.0)]):
+        log = tmp_path / f"trial{trial}.jsonl"
+        kill = "none" if event is None else f"{event}:{index}:{delay:.4f}"
+        cmd = [sys.executable, str(ROOT / "tests" / "kill_worker.py"), str(log), kill, *args]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if event is None:
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert f"had already finished at step {steps}" in proc.stdout
+        else:
+            assert proc.returncode == -signal.SIGKILL, (kill, proc.stderr[-3000:])
+            landed.append(f"{kill} → after {_last_event(log)}")
+
+    assert _deterministic(read_metrics(killed)) == _deterministic(read_metrics(reference)), landed
+    step_a, params_a, all_a = _final_state(reference, _short_config(steps=steps, every=every))
+    step_b, params_b, all_b = _final_state(killed, _short_config(steps=steps, every=every))
     assert step_a == step_b == steps
-    for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for section in ("history", "temperature", "data"):
-        for key in host_a[section]:
-            np.testing.assert_array_equal(host_a[section][key], host_b[section][key])
+    _assert_same_tree(params_a, params_b)
+    _assert_same_tree(all_a.device, all_b.device)  # parameters, Adam moments, counters, key
+    jax.tree.map(np.testing.assert_array_equal, all_a.host, all_b.host)
     # The E3 scheduler moved the temperature, so restoring it was actually exercised.
-    assert float(host_a["temperature"]["temperature"]) != 1.0
+    assert float(all_a.host["temperature"]["temperature"]) != 1.0
 
 
 # ----------------------------------------------------------------------------- failures
@@ -202,13 +321,18 @@ def test_ctrl_c_checkpoints_and_exits(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "rl_step", step_then_interrupt)
     config = _short_config(method="grpo", steps=6, every=5)
     summary = train.run(from_config_dict(config), tmp_path)
-    assert summary == {"status": "interrupted", "last_step": 2, "skipped_updates": 0}
+    assert (summary.status, summary.last_step, summary.checkpoint_step) == (
+        Status.INTERRUPTED,
+        2,
+        2,
+    )
+    assert summary.exit_code == 0  # resumable: not a failure
     ckpt = Checkpointer(tmp_path / "checkpoints", CheckpointConfig())
     assert ckpt.all_steps() == [2]
     ckpt.close()
 
 
-def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch, capsys):
     real_old_logprobs = train.old_logprobs
 
     calls = []
@@ -227,8 +351,14 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
     records = read_metrics(tmp_path)
     # Step 1 applies its 2 updates; steps 2 and 3 skip theirs, and the limit of 3 skipped
     # updates in a row is crossed during step 3, which ends the run.
-    assert summary["status"] == "stopped: non-finite updates"
-    assert summary["last_step"] == 3 and summary["skipped_updates"] == 4
+    assert summary.status is Status.NONFINITE and summary.exit_code == 1
+    assert summary.last_step == 3 and summary.skipped_updates == 4
+    printed = capsys.readouterr().out
+    assert (
+        "run tiny_grpo stopped: non-finite updates after step 3 of 6: 4 non-finite updates in a "
+        "row (limit train.max_consecutive_nonfinite = 3)" in printed
+    )
+    assert f"checkpoint   {tmp_path}/checkpoints/2\n" in printed
     assert [r["nonfinite/consecutive"] for r in records] == [0, 2, 4]
     assert [r["train/applied_updates"] for r in records] == [2, 2, 2]
     # Steps 1 and 2 were checkpointed (the skipped updates left finite parameters); the step
@@ -238,6 +368,28 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
     ckpt.close()
     _, params, _ = _final_state(tmp_path, config)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_launch_exits_1_when_the_run_stops_on_non_finite_updates(tmp_path):
+    """Through launch.py, from an initial checkpoint of NaN weights (the compiled programs are
+    the ones the other runs here cached): every update is non-finite and skipped, the second
+    in a row stops the run, which must exit non-zero (it exited 0) and say why."""
+    from dynamo_jax.models.hf_io import save_hf_checkpoint
+    from dynamo_jax.models.qwen import param_shapes
+
+    cfg = from_config_dict(_short_config(method="grpo"))
+    nan = jax.tree.map(lambda s: np.full(s.shape, np.nan, s.dtype), param_shapes(cfg.model))
+    save_hf_checkpoint(nan, cfg.model, tmp_path / "nan_init")
+    cmd = [sys.executable, str(ROOT / "launch.py"), f"--config={ROOT / 'configs' / 'tiny.py'}:method=grpo",
+           f"--workdir={tmp_path / 'w'}", "--config.train.steps=4",
+           f"--config.init.checkpoint={tmp_path / 'nan_init'}",
+           "--config.train.max_consecutive_nonfinite=2", *LAUNCH_ARGS[2:]]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "run tiny_grpo stopped: non-finite updates after step 1 of 4: 2 non-finite " in (
+        proc.stdout
+    )
+    assert "checkpoint   none written" in proc.stdout
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -310,6 +462,9 @@ def test_export_and_evaluation_engine_from_a_run(tmp_path):
 
     config = _short_config(method="grpo", steps=1, every=1)
     train.run(from_config_dict(config), tmp_path / "run")
+    _, params, _ = _final_state(tmp_path / "run", config)
+    # Export and evaluation read the parameters alone: no optimizer is built or read.
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "1" / "opt_state")
     out = export(tmp_path / "run", tmp_path / "hf", dtype="float32")
     hf_cfg = json.loads((out / "config.json").read_text())
     assert hf_cfg["model_type"] == "qwen3" and hf_cfg["vocab_size"] == 32
@@ -317,7 +472,6 @@ def test_export_and_evaluation_engine_from_a_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    _, params, _ = _final_state(tmp_path / "run", config)
     np.testing.assert_allclose(
         model.model.embed_tokens.weight.detach().numpy(),
         np.asarray(params["embed"]["embedding"]),

@@ -20,7 +20,7 @@ import pytest
 from processes import communicate_all
 
 from configs import tiny
-from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
+from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, abstract_like
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.metrics import read_metrics
 from dynamo_jax.step.optimizer import make_optimizer
@@ -100,11 +100,13 @@ def _restore(workdir: Path):
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    state = jax.tree.map(place, abstract_train_state(cfg.model, optimizer))
     abstract = {
-        "train": jax.tree.map(place, abstract_train_state(cfg.model, optimizer)),
-        "rng": jax.random.key(cfg.train.seed),
+        "params": state.params,
+        "opt_state": state.opt_state,
+        "progress": {"step": state.step, "rng": abstract_like(jax.random.key(cfg.train.seed))},
     }
-    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig())
+    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(), read_only=True)
     try:
         assert ckpt.all_steps() == [STEPS]
         restored = ckpt.restore(STEPS, abstract)
@@ -135,7 +137,7 @@ def test_checkpoint_written_once_and_restores_the_same_state(runs):
     assert json.loads((multi / "config.json").read_text()) == json.loads(
         (single / "config.json").read_text()
     )
-    state_dir = multi / "checkpoints" / str(STEPS) / "state"
+    state_dir = multi / "checkpoints" / str(STEPS) / "params"
     # Each process wrote its own shards of the arrays; the host payload came from process 0 only.
     assert sorted(p.name for p in state_dir.glob("ocdbt.process_*")) == [
         "ocdbt.process_0",
@@ -145,18 +147,20 @@ def test_checkpoint_written_once_and_restores_the_same_state(runs):
     got, want = _restore(multi), _restore(single)
     assert got.meta == want.meta
     jax.tree.map(np.testing.assert_array_equal, got.host, want.host)
-    flat_got = jax.tree_util.tree_leaves_with_path(got.state["train"])
-    flat_want = jax.tree.leaves(want.state["train"])
+    flat_got = jax.tree_util.tree_leaves_with_path(got.device)
+    flat_want = jax.tree.leaves(want.device)
     assert len(flat_got) == len(flat_want)
     # Bit-identical, not just close: with two participants every cross-process sum (gradient
     # reduce-scatter, statistics) is a + b in either order, and each process computes the rows
     # its device would compute in the single process.
     for (path, a), b in zip(flat_got, flat_want):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
         np.testing.assert_array_equal(
             np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
         )
     # Trained state was compared, not an untouched tree: every update was applied.
-    assert int(got.state["train"].step) == STEPS * _config().updates_per_step
+    assert int(got.device["progress"]["step"]) == STEPS * _config().updates_per_step
 
 
 VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))

@@ -1,0 +1,138 @@
+"""How launch.py reports bad input: one or two plain lines and an exit status, no traceback.
+
+Known errors are `dynamo_jax.errors.UserError` (ConfigError, DataError, CheckpointError,
+SidecarError) and what absl/ml_collections raise while parsing the command line (an unknown
+flag, a misspelt `--config.section.field` override, a value of the wrong type, a config file
+that does not load). Anything else is a bug and keeps its traceback; `--debug` keeps it for the
+known errors too.
+
+Exit statuses of `python launch.py`:
+- 0: the run reached its last step, or Ctrl-C stopped it after checkpointing (resumable);
+- 1: the run stopped before its last step (non-finite updates), or a bug (with its traceback);
+- 2: bad input (flags, config, data, checkpoint/workdir, sidecar start); nothing was created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from dynamo_jax.errors import ConfigError, UserError
+
+EXIT_BAD_INPUT = 2
+DEBUG_FLAG = "--debug"
+_FLAG_PREFIX = re.compile(r"^flag (\S+): ")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """`err` and the exceptions it was raised from, outermost first."""
+    out: list[BaseException] = []
+    while err is not None and err not in out:
+        out.append(err)
+        err = err.__cause__ or err.__context__
+    return out
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _override_flag(argv: Sequence[str], key: str) -> str:
+    """The `--config.a.b` override of `argv` with `key` as one of its parts, else '--config'."""
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--config.") and key in name.split(".")[1:]:
+            return name
+    return "--config"
+
+
+def flag_error_message(err: BaseException, argv: Sequence[str]) -> str:
+    """One line for an error raised while parsing the command line `argv`."""
+    from absl import flags
+
+    chain = _chain(err)
+    # A misspelt config field: ml_collections raises KeyError("'stpes'\nDid you mean ...")
+    # (wrapped in an AttributeError for a field, bare for a section).
+    for e in chain:
+        text = e.args[0] if e.args and isinstance(e.args[0], str) else ""
+        if isinstance(e, KeyError) and text:
+            key, _, hint = text.partition("\n")
+            key = key.strip("'\"")
+            message = f"{_override_flag(argv, key)}: the config has no field {key!r}"
+            return f"{message}. {hint.strip()}" if hint.strip() else message
+    root = chain[-1]
+    head = _first_line(str(err))
+    match = _FLAG_PREFIX.match(head)
+    if match and "Traceback (most recent call last)" in str(err):
+        # An exception inside the config file (its get_config): absl's message holds its
+        # formatted traceback; the innermost exception says what is wrong.
+        return f"{match.group(1)}: {_first_line(str(root))}"
+    if match:
+        return head[len("flag ") :]
+    if isinstance(err, flags.Error):
+        return head
+    # Anything else raised while the config file was imported (a syntax error, ...).
+    config_arg = next((a for a in argv if re.match(r"^--?config(=|$)", a)), "--config")
+    return f"{config_arg}: {type(root).__name__}: {_first_line(str(root))}"
+
+
+def parse_flags(argv: list[str], flag_values: Any = None) -> list[str]:
+    """absl's flag parsing (`app.run(main, flags_parser=parse_flags)`), printing a bad flag or
+    config override as one line and exiting with status 2 (a traceback with `--debug`)."""
+    from absl import flags
+
+    try:
+        return (flag_values or flags.FLAGS)(argv)
+    except Exception as err:
+        if DEBUG_FLAG in argv:
+            raise
+        _fail(flag_error_message(err, argv))
+
+
+def load_config(flag: Any) -> Any:
+    """The ConfigDict of a `config_flags.DEFINE_config_file` flag (the absl Flag object);
+    `ConfigError` naming the file if it did not load (config_flags defers that error to the
+    first use of the value)."""
+    from ml_collections import config_flags
+
+    filename = config_flags.get_config_filename(flag)
+    path = filename.split(":", 1)[0]
+    if not Path(path).is_file():
+        raise ConfigError(f"--config: no such file: {path}")
+    try:
+        config = flag.value
+        config.keys()  # a config that failed to load raises its deferred error here
+    except OSError as err:
+        # config_flags' message ends with the underlying error ("[Errno 2] No such file ...").
+        lines = [line.strip() for line in str(_chain(err)[-1]).splitlines() if line.strip()]
+        raise ConfigError(f"--config={filename}: {lines[-1] if lines else err}") from err
+    return config
+
+
+def user_error_lines(err: UserError, limit: int = 2) -> list[str]:
+    """`err`'s message as at most `limit` lines, the first prefixed with 'error: '."""
+    lines = [line for line in str(err).strip().splitlines() if line.strip()] or [type(err).__name__]
+    if len(lines) > limit:
+        lines = [*lines[: limit - 1], f"... ({len(lines) - limit + 1} more lines: {DEBUG_FLAG})"]
+    return [f"error: {lines[0]}", *(f"  {line.strip()}" for line in lines[1:])]
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@contextlib.contextmanager
+def known_errors(debug: bool) -> Iterator[None]:
+    """Turn a `UserError` into its plain lines on stderr and exit status 2 (unless `debug`)."""
+    try:
+        yield
+    except UserError as err:
+        if debug:
+            raise
+        print("\n".join(user_error_lines(err)), file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_INPUT)

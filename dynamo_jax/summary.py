@@ -1,0 +1,136 @@
+"""The end of a run in a few lines: how it ended, how far it got, and where its outputs are.
+
+`train.run` returns a `RunSummary` and prints `format_summary` at the end of every run that
+started training: finished, interrupted (Ctrl-C), stopped on non-finite updates, or failed.
+The exit status follows from it (`RunSummary.exit_code`): 0 for a run that reached its last step
+or was interrupted with Ctrl-C (it checkpointed and resumes with the same command), 1 for any
+other run that stopped before its last step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+REWARD_KEY = "reward/mean"
+
+
+class Status(enum.Enum):
+    """How a run ended."""
+
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"  # Ctrl-C: checkpointed after the step, resumable
+    NONFINITE = "stopped: non-finite updates"  # train.max_consecutive_nonfinite skipped in a row
+    FAILED = "failed"  # an exception ended it
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What `train.run` did in this launch."""
+
+    name: str  # the config's run name
+    workdir: Path
+    status: Status
+    reason: str  # one line saying why it stopped ("" when it finished)
+    start_step: int  # the step this launch resumed from (0 for a fresh run)
+    last_step: int  # the last step completed (== start_step if none was)
+    total_steps: int  # train.steps
+    checkpoint_step: int | None  # the newest committed checkpoint, if any
+    skipped_updates: int  # non-finite updates skipped over the whole run
+    tensorboard: bool  # TensorBoard events were written (logging.tensorboard)
+    plots: bool  # PNG plots were written at the end (logging.plots_at_end)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the run reached its last step or was interrupted by Ctrl-C, else 1."""
+        if self.status is Status.INTERRUPTED:
+            return 0
+        done = self.status is Status.FINISHED and self.last_step >= self.total_steps
+        return 0 if done else 1
+
+
+def reward_first_last(records: Sequence[dict], window: int = 5) -> tuple[str, str] | None:
+    """('0.050 → 0.800', 'mean of steps 1-5 → 96-100') over `records` (metrics.jsonl), or None.
+
+    Each side averages up to `window` steps, at most a fifth of the run each, so a short run
+    compares its first and last step."""
+    # Non-finite values are stored as strings ("nan"), so the type test drops them too.
+    rows = [r for r in records if isinstance(r.get(REWARD_KEY), int | float)]
+    rows = [r for r in rows if math.isfinite(r[REWARD_KEY])]
+    if not rows:
+        return None
+    k = max(1, min(window, len(rows) // 5))
+    first, last = rows[:k], rows[-k:]
+    mean = lambda rs: sum(float(r[REWARD_KEY]) for r in rs) / len(rs)
+    span = lambda rs: f"{rs[0]['step']}" if len(rs) == 1 else f"{rs[0]['step']}-{rs[-1]['step']}"
+    return f"{mean(first):.3f} → {mean(last):.3f}", f"mean of steps {span(first)} → {span(last)}"
+
+
+def last_eval(records: Sequence[dict], group: str) -> tuple[int, dict[int, float]] | None:
+    """(step, {k: pass@k}) of `group` (metrics `eval/<group>/pass@k`) in the last record with
+    an evaluation, or None."""
+    pass_at = re.compile(rf"^eval/{re.escape(group)}/pass@(\d+)$")
+    for record in reversed(records):
+        found = {}
+        for key, value in record.items():
+            match = pass_at.match(key)
+            if match and isinstance(value, int | float):
+                found[int(match.group(1))] = float(value)
+        if found:
+            return int(record["step"]), dict(sorted(found.items()))
+    return None
+
+
+def _headline(s: RunSummary) -> str:
+    of = f"step {s.last_step} of {s.total_steps}"
+    launch = ""
+    if s.start_step and s.last_step > s.start_step:
+        first = s.start_step + 1
+        steps = f"step {first}" if first == s.last_step else f"steps {first}-{s.last_step}"
+        launch = f" (resumed at step {s.start_step}; this launch ran {steps})"
+    if s.status is Status.FINISHED:
+        if s.last_step == s.start_step:
+            return f"run {s.name} had already finished at {of}; nothing to do"
+        return f"run {s.name} finished at {of}{launch}"
+    if s.status is Status.INTERRUPTED:
+        return f"run {s.name} interrupted after {of}{launch}; rerun the same command to resume"
+    return f"run {s.name} {s.status.value} after {of}{launch}: {s.reason}"
+
+
+def format_summary(s: RunSummary, records: Sequence[dict], eval_group: str) -> str:
+    """The printed block: headline, reward first → last, the last eval's pass@k of
+    `eval_group`, outputs, export command."""
+    w = s.workdir
+    lines = [_headline(s)]
+    if s.status is Status.FINISHED and s.reason:
+        lines[0] += f" ({s.reason})"
+    reward = reward_first_last([r for r in records if int(r["step"]) <= s.last_step])
+    lines.append(
+        f"  {REWARD_KEY:<12} {reward[0]}  ({reward[1]})" if reward else "  no steps recorded"
+    )
+    evaluation = last_eval(records, eval_group)
+    if evaluation:
+        step, passes = evaluation
+        shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in passes.items())
+        lines.append(f"  {'eval':<12} {shown}  (step {step})")
+    if s.skipped_updates:
+        lines.append(f"  {'non-finite':<12} {s.skipped_updates} update(s) skipped")
+    if s.checkpoint_step is None:
+        lines.append(f"  {'checkpoint':<12} none written")
+    else:
+        lines.append(f"  {'checkpoint':<12} {w / 'checkpoints' / str(s.checkpoint_step)}")
+    outputs = [f"{w / 'metrics.jsonl'}"]
+    if s.tensorboard:
+        outputs.append(f"TensorBoard: tensorboard --logdir {shlex.quote(str(w / 'tb'))}")
+    if s.plots:
+        outputs.append(f"plots: {w / 'plots'}")
+    lines.append(f"  {'metrics':<12} {'; '.join(outputs)}")
+    if s.checkpoint_step is not None:
+        out = shlex.quote(str(w / f"hf_step{s.checkpoint_step}"))
+        lines.append(f"  {'export':<12} python -m dynamo_jax.export {shlex.quote(str(w))} {out}")
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""A run directory before training starts: its inputs exist, its checkpoints fit, or it starts over.
+
+`train.run` calls these before it builds anything, so a bad config or workdir is an error that
+leaves nothing behind and never erases a previous run:
+- `check_inputs`: the files the config names exist (data files, the initial HF checkpoint).
+- `check_resumable`: the workdir's newest readable checkpoint was saved with a config this one
+  can continue; `restore_latest` applies the same rule (`check_fits`) to each step it considers.
+- `move_previous_run` (launch.py --start_over): the previous run's outputs move into
+  `workdir/previous-<n>/` and training starts from step 0. Nothing is ever deleted.
+
+The resume rule. A checkpoint stores its run's resolved config. A difference in a field that
+changes what the saved state means blocks the resume (`BLOCKING`, minus `ALLOWED`):
+- `model.*`: the parameters' shapes and layout, and what they compute; only `model.dtype` (the
+  compute dtype) and `model.remat_policy` (what the backward recomputes) may change;
+- `data.*`: the saved data-iterator position and the per-prompt allocation history index the
+  dataset's rows in its order (files, format, filters, ids, seed, synthetic task); only
+  `data.eval_paths` and `data.system_prompt` may change;
+- `train.prompts_per_step`: the iterator counts batches of this size;
+- `allocation.policy`, `temperature.mode`: the saved history and scheduler state belong to one
+  allocator and one scheduler.
+A differently shaped optimizer state (e.g. `optim.max_grad_norm` switching clipping on or off) is
+caught when the step is restored, by comparing the saved items' layout with this run's.
+Every other difference is reported and the run continues with the new value: `train.steps`
+raised to train further, learning rate, loss, batch split, evaluation, logging, checkpointing,
+mesh (the state is restored onto the new layout), engine and reward settings, `train.seed` (the
+random streams of the remaining steps change). A field the saved config lacks (added to the
+code since) counts as its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
+from dynamo_jax.config import RunConfig, section_class, to_json_dict
+from dynamo_jax.errors import CheckpointError, ConfigError
+from dynamo_jax.sharding import multihost
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+# What a run writes into its workdir (moved, never deleted, by `move_previous_run`).
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "plots", "config.json")
+
+BLOCKING = ("model.*", "data.*", "train.prompts_per_step", "allocation.policy", "temperature.mode")
+ALLOWED = ("model.dtype", "model.remat_policy", "data.eval_paths", "data.system_prompt")
+
+_ABSENT = object()
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """The files and directories the config names exist (cheap; before anything is built)."""
+    for field in ("paths", "eval_paths"):
+        for i, path in enumerate(getattr(cfg.data, field)):
+            if not Path(path).is_file():
+                raise ConfigError(f"config.data.{field}[{i}]: no such file: {path}")
+    if cfg.init.checkpoint:
+        path = Path(cfg.init.checkpoint)
+        if not path.is_dir():
+            raise ConfigError(f"config.init.checkpoint: no such directory: {path}")
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"config.init.checkpoint: {path} has no config.json "
+                "(a Hugging Face model directory is expected)"
+            )
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{"model": {"num_layers": 2}} → {"model.num_layers": 2} (lists stay whole values)."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _default(name: str) -> Any:
+    """The dataclass default of `section.field` (what code without the field behaved like)."""
+    section, _, field = name.partition(".")
+    try:
+        fields = {f.name: f for f in dataclasses.fields(section_class(section))}
+    except KeyError:
+        return _ABSENT
+    f = fields.get(field)
+    if f is None or f.default is dataclasses.MISSING:
+        return _ABSENT
+    return json.loads(json.dumps(f.default))
+
+
+def _blocks(name: str) -> bool:
+    if name in ALLOWED:
+        return False
+    return any(
+        name == rule or (rule.endswith(".*") and name.startswith(rule[:-1])) for rule in BLOCKING
+    )
+
+
+def config_differences(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """('field old → new' that block a resume, those that do not), each sorted by field."""
+    old, new = _flat(saved), _flat(json.loads(json.dumps(current)))
+    blocking, other = [], []
+    for name in sorted(set(old) | set(new)):
+        before = old.get(name, _default(name))
+        after = new.get(name, _ABSENT)
+        if before == after:
+            continue
+        show = lambda v: "(absent)" if v is _ABSENT else json.dumps(v)
+        (blocking if _blocks(name) else other).append(f"{name} {show(before)} → {show(after)}")
+    return blocking, other
+
+
+def _shown(changes: list[str], limit: int = 4) -> str:
+    more = f" (+{len(changes) - limit} more)" if len(changes) > limit else ""
+    return ", ".join(changes[:limit]) + more
+
+
+def _way_out(workdir: Path) -> str:
+    return (
+        f"Rerun with the config in {workdir}/config.json, use another --workdir, or pass "
+        f"--start_over to move the previous run into {workdir}/previous-N and start at step 0."
+    )
+
+
+def check_fits(workdir: Path, cfg: RunConfig, step: int, meta: dict) -> None:
+    """Raise `CheckpointError` if step `step` (its `meta`) was saved by a run `cfg` cannot continue."""
+    saved = meta.get("config")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{workdir}/{CHECKPOINTS}/{step}: no saved config to compare with")
+    blocking, _ = config_differences(saved, to_json_dict(cfg))
+    if blocking:
+        raise CheckpointError(
+            f"{workdir}: its checkpoint (step {step}) was saved with a config this run cannot "
+            f"continue: {_shown(blocking)}\n{_way_out(workdir)}"
+        )
+
+
+def report_changes(workdir: Path, cfg: RunConfig, step: int, meta: dict) -> list[str]:
+    """Log (and return) the config differences a resume from `step` continues with."""
+    _, other = config_differences(meta.get("config") or {}, to_json_dict(cfg))
+    if other:
+        log.warning(
+            "resuming %s from step %d with config changes: %s", workdir, step, "; ".join(other)
+        )
+    return other
+
+
+def restore_latest(
+    ckpt: Checkpointer, abstract: dict, workdir: Path, cfg: RunConfig
+) -> Restored | None:
+    """`ckpt.restore_latest` for a training run: damaged steps moved aside, each candidate's
+    saved config checked (`check_fits`), items of another structure explained by the config
+    changes since (e.g. `optim.max_grad_norm` switching clipping off), the changes a resume
+    continues with logged."""
+    metas: dict[int, dict] = {}
+
+    def check(step: int, meta: dict) -> None:
+        metas[step] = meta
+        check_fits(workdir, cfg, step, meta)
+
+    try:
+        restored = ckpt.restore_latest(abstract, check_meta=check, move_damaged=True)
+    except LayoutError as err:
+        _, changes = config_differences(metas[err.step].get("config") or {}, to_json_dict(cfg))
+        since = _shown(changes) if changes else "none (the code changed since)"
+        raise CheckpointError(
+            f"{err}\nConfig changes since that checkpoint: {since}. {_way_out(workdir)}"
+        ) from err
+    if restored is not None:
+        report_changes(workdir, cfg, restored.step, restored.meta)
+    return restored
+
+
+def check_resumable(workdir: Path, cfg: RunConfig) -> None:
+    """`check_fits` on the newest checkpoint step whose meta reads (before anything is built)."""
+    directory = Path(workdir) / CHECKPOINTS
+    if not directory.is_dir():
+        return
+    ckpt = Checkpointer(directory, cfg.checkpoint, read_only=True)
+    try:
+        for step in reversed(ckpt.all_steps()):
+            try:
+                meta = ckpt.read_meta(step)
+            except DamagedStepError:
+                continue  # the restore reports it and moves it aside
+            check_fits(Path(workdir), cfg, step, meta)
+            return
+    finally:
+        ckpt.close()
+
+
+def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
+    """Everything `train.run` checks before it builds anything: `check_inputs`, then
+    `move_previous_run` if asked to start over (and says where it went), else `check_resumable`."""
+    check_inputs(cfg)
+    if not start_over:
+        check_resumable(workdir, cfg)
+        return
+    moved = move_previous_run(workdir)
+    if moved and multihost.is_primary():
+        print(f"moved the previous run in {workdir} to {moved}", flush=True)
+
+
+def move_previous_run(workdir: Path) -> Path | None:
+    """Move the previous run's outputs into `workdir/previous-<n>/` (call on every process);
+    returns that directory, or None if there was nothing to move."""
+    workdir = Path(workdir)
+    multihost.sync_hosts("start_over_look")  # every process looks before any moves
+    present = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()]
+    if not present:
+        return None
+    n = 1
+    while (workdir / f"previous-{n}").exists():
+        n += 1
+    target = workdir / f"previous-{n}"
+    if multihost.is_primary():
+        target.mkdir()
+        for path in present:
+            path.rename(target / path.name)
+    multihost.sync_hosts(f"start_over_{n}")
+    return target

@@ -1,0 +1,89 @@
+"""`launch.py` with a recorded timeline and a planned SIGKILL: the child of the kill -9 harness
+(test_train.py::test_kill_9_at_random_moments_then_resume_is_bit_identical).
+
+    python tests/kill_worker.py TIMELINE KILL LAUNCH_ARGS...
+
+Appends one JSON line per event to TIMELINE: {"event", "index", "t"} for step_begin/step_end
+(index = the step), save_begin/save_end (index = the checkpoint step; end = committed) and
+closed (the checkpointer closed after the last save). KILL is "none" or "EVENT:INDEX:DELAY":
+SIGKILL this process DELAY seconds after that event, from a timer thread, whatever it is doing
+then (compiling, mid-step, writing a checkpoint), or at the end of that phase (step_end,
+save_end) if it ends first, so every planned kill lands inside its phase. `install` records
+the timeline inside a test process too (the uninterrupted reference run).
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this checkout's dynamo_jax, launch.py and configs
+
+
+def install(timeline: Path, kill: str, patch=None) -> None:
+    """Wrap train.rl_step and Checkpointer.save/close to record events (and arm the kill).
+
+    `patch(obj, name, value)` sets the wrappers (pytest's monkeypatch.setattr in a test)."""
+    from dynamo_jax import train
+    from dynamo_jax.checkpoint import Checkpointer
+
+    patch = patch or setattr
+    planned = None if kill == "none" else kill.rsplit(":", 2)
+    out = open(timeline, "a")  # noqa: SIM115 (open for the life of the process)
+
+    ends = {"step_begin": "step_end", "save_begin": "save_end"}
+
+    def event(name: str, index: int) -> None:
+        out.write(json.dumps({"event": name, "index": index, "t": time.time()}) + "\n")
+        out.flush()
+        if planned and ends.get(planned[0]) == name and int(planned[1]) == index:
+            os.kill(os.getpid(), signal.SIGKILL)  # the phase ended before the timer fired
+        if planned and planned[0] == name and int(planned[1]) == index:
+            delay = float(planned[2])
+            if delay <= 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
+
+    real_step, real_save, real_close = train.rl_step, Checkpointer.save, Checkpointer.close
+
+    def rl_step(tr, step):
+        event("step_begin", step)
+        metrics = real_step(tr, step)
+        event("step_end", step)
+        return metrics
+
+    def save(self, step, **kwargs):
+        event("save_begin", step)
+        real_save(self, step, **kwargs)
+        event("save_end", step)
+
+    def close(self):
+        real_close(self)
+        if not self.read_only:
+            event("closed", 0)
+
+    patch(train, "rl_step", rl_step)
+    patch(Checkpointer, "save", save)
+    patch(Checkpointer, "close", close)
+
+
+def main() -> None:
+    timeline, kill, *launch_args = sys.argv[1:]
+    install(Path(timeline), kill)
+    from absl import app
+
+    import launch
+    from dynamo_jax import cli
+
+    app.run(launch.main, argv=[str(ROOT / "launch.py"), *launch_args], flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    main()
