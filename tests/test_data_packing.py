@@ -136,3 +136,24 @@ def test_too_long_or_too_many_sequences_fail_with_the_culprit():
         layout.plan([1, 1, 1, 1])
     with pytest.raises(ValueError, match="RowLayout.micro_rows must be a positive int"):
         RowLayout(row_len=8, packing=True, micro_rows=0, max_sequences=3)
+
+
+def test_one_micro_batch_is_cut_to_an_eighth_of_it_in_whole_rows_per_device():
+    """Empty rows inside a micro-batch cost full compute, so a call that fits one micro-batch
+    gets only the rows it needs, rounded up to a multiple of row_step: ⌈micro rows per device
+    / 8⌉ rows on each of the row_shards devices."""
+    layout = RowLayout(row_len=8, packing=True, micro_rows=16, max_sequences=64, row_shards=2)
+    assert layout.row_step == 2  # 8 rows per device / 8 = 1 row on each of 2 devices
+    got = [layout.rows_for(n) for n in (0, 1, 5, 16, 17, 33)]
+    assert got == [(2, 1), (2, 1), (6, 1), (16, 1), (32, 2), (64, 4)]
+    wide = RowLayout(row_len=8, packing=True, micro_rows=64, max_sequences=64)
+    assert wide.row_step == 8
+    assert [wide.rows_for(n)[0] for n in (1, 30, 57, 64)] == [8, 32, 64, 64]
+    # Best fit decreasing, capacity 8: 8 (s2) → row 0; 6 (s4) → row 1 (2 left); 5 (s0) → row 2
+    # (3 left); 3 (s1) → row 2, the tightest; 2 (s3) → row 1. 3 filled rows → one micro-batch
+    # of 8 rows, the filled rows in place.
+    plan = wide.plan([5, 3, 8, 2, 6])
+    assert plan.rows == 8 and plan.micro_batches == 1
+    np.testing.assert_array_equal(plan.row_S, [2, 2, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"micro_rows \(6\) must be a multiple of row_shards"):
+        RowLayout(row_len=8, packing=True, micro_rows=6, max_sequences=8, row_shards=4)

@@ -17,11 +17,17 @@ holding the same rollout batch, builds the same rows and feeds its own slice of 
 Micro-batches: the filled rows are cut into micro-batches of `micro_rows` rows, the k-th row of
 micro-batch m stored at row k·M + m of the batch, which is exactly how the jitted functions split
 a batch (step/forward.py `split_micro`: strided, so each device's contiguous rows hold its share
-of every micro-batch). The row count varies with the sequences' lengths; to bound recompilation
-the micro-batch count M is rounded up to a power of two, capped at the most the layout can need
-(`max_micro_batches`: every sequence alone in a row). A run therefore compiles at most
-⌈log2 M_max⌉ + 1 programs per jitted function, usually one or two, and the padding micro-batches
-(no sequence) are skipped by the jitted functions, so they cost only their transfer.
+of every micro-batch). The row count varies with the sequences' lengths, and every distinct batch
+shape is one more compiled program, so it is rounded up (`rows_for`):
+- more rows than one micro-batch: the micro-batch count M is rounded up to a power of two,
+  capped at the most the layout can need (`max_micro_batches`: every sequence alone in a row).
+  The padding micro-batches hold no token and the jitted functions skip them, so they cost only
+  their transfer: at most ⌈log2 M_max⌉ + 1 programs, for free.
+- at most one micro-batch: the rows are rounded up to a multiple of `row_step` (an eighth of a
+  micro-batch, whole rows per device), since empty rows inside a micro-batch are computed like
+  full ones: at most 8 more programs, at most an eighth of a micro-batch of padding rows.
+A run's row counts vary little from step to step, so it usually compiles one or two programs
+per jitted function (a persistent compilation cache makes restarts cheap).
 """
 
 from __future__ import annotations
@@ -43,12 +49,24 @@ class RowLayout:
     packing: bool  # several whole sequences per row; False: one sequence per row
     micro_rows: int  # rows per micro-batch, all devices together
     max_sequences: int  # the most sequences one call holds (bounds the micro-batch count)
+    row_shards: int = 1  # devices the rows are split over: every row count is a multiple of it
 
     def __post_init__(self):
-        for name in ("row_len", "micro_rows", "max_sequences"):
+        for name in ("row_len", "micro_rows", "max_sequences", "row_shards"):
             value = getattr(self, name)
             if not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"RowLayout.{name} must be a positive int, got {value!r}")
+        if self.micro_rows % self.row_shards:
+            raise ValueError(
+                f"RowLayout.micro_rows ({self.micro_rows}) must be a multiple of row_shards "
+                f"({self.row_shards}): each device holds whole rows of every micro-batch"
+            )
+
+    @property
+    def row_step(self) -> int:
+        """Row granularity of a single micro-batch: an eighth of it, in whole rows per device."""
+        per_device = self.micro_rows // self.row_shards
+        return self.row_shards * math.ceil(per_device / 8)
 
     @property
     def max_micro_batches(self) -> int:
@@ -69,6 +87,14 @@ class RowLayout:
             )
         return min(1 << (needed - 1).bit_length(), self.max_micro_batches)
 
+    def rows_for(self, filled_rows: int) -> tuple[int, int]:
+        """(rows R, micro-batches M) of a call whose sequences fill `filled_rows` rows."""
+        if filled_rows <= self.micro_rows:
+            steps = max(math.ceil(filled_rows / self.row_step), 1)
+            return min(steps * self.row_step, self.micro_rows), 1
+        m = self.micro_batches_for(filled_rows)
+        return m * self.micro_rows, m
+
     def plan(self, lengths_S) -> RowPlan:
         """Where each sequence goes. `lengths_S`: tokens per sequence (0: left out, no tokens)."""
         lengths = np.asarray(lengths_S, np.int64).reshape(-1)
@@ -88,11 +114,11 @@ class RowLayout:
         else:  # one row per sequence, empty ones included: the row count is fixed
             fill_row, offset = np.arange(len(lengths)), np.zeros(len(lengths), np.int64)
         filled = int(fill_row.max()) + 1 if len(fill_row) else 0
-        m = self.micro_batches_for(filled)
+        rows, m = self.rows_for(filled)
         row = np.where(
             fill_row >= 0, (fill_row % self.micro_rows) * m + fill_row // self.micro_rows, -1
         )
-        return RowPlan(row, offset, lengths, m * self.micro_rows, self.row_len, m)
+        return RowPlan(row, offset, lengths, rows, self.row_len, m)
 
 
 def best_fit_decreasing(lengths_S: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
