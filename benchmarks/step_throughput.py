@@ -71,7 +71,7 @@ def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float):
     data = {
         "tokens": rng.integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32),
         "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq)).copy(),
-        "attention_mask": np.ones((batch, seq), np.int32),
+        "segment_ids": np.ones((batch, seq), np.int32),  # one sequence per row
         "loss_mask": loss_mask,
         "advantages": rng.standard_normal(batch).astype(np.float32),
         "old_logp": np.full((batch, seq), -float(np.log(cfg.vocab_size)), np.float32),

@@ -1,14 +1,18 @@
-"""Rollouts → the trainer's typed batch (`RolloutBatch`), and the split into mini-batches.
+"""Rollouts → the trainer's typed batch (`RolloutBatch`), and the rows the jitted functions take.
 
-Layout (step/forward.py's batch convention): row b is one completion, prompt then response,
-left-aligned, padded on the right to `seq_len`; every per-token array is indexed by the token it
-scores. The batch always has `rows` rows (the step's budget B), so the jitted functions compile
-once: when the allocator reports a shortfall, the missing rows are padding (`valid` False,
-loss_mask 0, advantage 0).
+`RolloutBatch` (one row per completion, prompt then response, left-aligned, padded on the right
+to `seq_len`; every per-token array indexed by the token it scores) is what the stages of a step
+hand each other (train.py): built once from the scored completions (`build_batch`), completed
+with the old-log-prob pass's outputs (`dataclasses.replace`), then read by the update. It is
+immutable and host-side (NumPy), and always has `rows` rows (the step's budget B): when the
+allocator reports a shortfall the missing rows are padding (`valid` False, loss_mask 0,
+advantage 0).
 
-`RolloutBatch` is what the stages of a step hand each other (train.py): built once from the
-scored completions (`build_batch`), then completed with the old-log-prob pass's outputs
-(`dataclasses.replace`), then read by the update. It is immutable and host-side (NumPy).
+The jitted functions take rows of a `RowLayout` (data/packing.py) instead: `layout_rows` lays a
+set of the batch's sequences (the whole batch for the old-log-prob pass, one shuffled mini-batch
+for an update) into rows, packed several to a row or one per row, with the per-token fields of
+step/forward.py's convention; `RowPlan.gather` brings per-token outputs back to the batch's rows.
+Every process of a multi-process run holds the whole batch and builds the same rows.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dynamo_jax.data.packing import RowLayout, RowPlan
 from dynamo_jax.rollout.protocol import Completion
 
 
@@ -44,16 +49,6 @@ class RolloutBatch:
     @property
     def rows(self) -> int:
         return len(self.valid)
-
-    def arrays(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        """The named fields as the jitted functions take them (`temperature` as a 0-d float32)."""
-        out = {}
-        for name in names:
-            value = getattr(self, name)
-            if value is None:
-                raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
-            out[name] = np.float32(value) if name == "temperature" else value
-        return out
 
 
 def pack_rollouts(
@@ -148,16 +143,50 @@ def group_stats(
     return out
 
 
-def mini_batches(batch: dict[str, np.ndarray], size: int, permutation: np.ndarray) -> list[dict]:
-    """Rows reordered by `permutation`, cut into consecutive mini-batches of `size` rows.
+# Row fields that are not a RolloutBatch array laid out token by token.
+_DERIVED_FIELDS = {
+    "positions": lambda plan, batch, seqs: plan.positions(),
+    "segment_ids": lambda plan, batch, seqs: plan.segment_ids(),
+    "advantages": lambda plan, batch, seqs: plan.broadcast(batch.advantages[seqs], 0.0),
+    "sequence_index": lambda plan, batch, seqs: plan.broadcast(
+        np.arange(len(seqs), dtype=np.int32)
+    ),
+    "temperature": lambda plan, batch, seqs: np.float32(batch.temperature),
+}
 
-    Only [B]- and [B, L]-shaped fields are sliced; scalars (the temperature) are shared.
+
+def layout_rows(
+    batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout, fields: Sequence[str]
+) -> tuple[dict[str, np.ndarray], RowPlan]:
+    """The sequences `seqs` (rows of `batch`, in mini-batch order) as `layout`'s rows.
+
+    Returns the named fields ([R, L] per token, `temperature` a 0-d float32) and the plan, whose
+    `rows` is R. Positions restart at 0 for every sequence; `advantages` puts each sequence's
+    advantage on its tokens; `sequence_index` is the sequence's index in `seqs`. Packed, the
+    sequences with no trained token are left out: nothing reads them.
     """
-    rows = len(permutation)
-    if rows % size:
-        raise ValueError(f"mini_batches: {rows} rows do not split into mini-batches of {size}")
-    out = []
-    for start in range(0, rows, size):
-        idx = permutation[start : start + size]
-        out.append({k: (v[idx] if np.ndim(v) >= 1 else v) for k, v in batch.items()})
-    return out
+    seqs = np.asarray(seqs, np.int64)
+    lengths = batch.attention_mask[seqs].sum(axis=1)
+    trained = batch.loss_mask[seqs] > 0
+    if layout.packing:
+        lengths = np.where(trained.any(axis=1), lengths, 0)
+    # A sequence's first token is scored by the slot before it, another sequence's when packed:
+    # it must be a prompt token (never trained), as it always is when the prompt is not empty.
+    first_trained = np.flatnonzero(trained[:, 0] & (lengths > 0))
+    if len(first_trained):
+        b = int(seqs[first_trained[0]])
+        raise ValueError(
+            f"rollout row {b} (prompt id {int(batch.prompt_id[b])}) trains on its first token; "
+            "every sequence must start with a prompt token"
+        )
+    plan = layout.plan(lengths)
+    out = {}
+    for name in fields:
+        if name in _DERIVED_FIELDS:
+            out[name] = _DERIVED_FIELDS[name](plan, batch, seqs)
+            continue
+        value = getattr(batch, name, None)
+        if value is None:
+            raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
+        out[name] = plan.scatter(np.asarray(value)[seqs])
+    return out, plan

@@ -48,6 +48,16 @@ class TrainConfig:
     ppo_epochs: int = 1  # passes over the batch's mini-batches
     max_consecutive_nonfinite: int = 3  # stop after this many skipped (NaN/Inf) updates in a row
     shuffle_mini_batches: bool = True  # permute responses (keyed by seed, step) before splitting
+    # Lay whole sequences end to end in rows of pack_len tokens (attention stays within each
+    # sequence): same loss and gradients as one padded row per sequence, far less padding.
+    packing: bool = True
+    pack_len: int = (
+        0  # tokens per row of the train step and log-prob pass; 0 = the run's max_seq_len
+    )
+    # Per-device token budget of a micro-batch (verl's ppo_max_token_len_per_gpu): each
+    # micro-batch holds max_tokens_per_micro_batch // pack_len rows per device, for the update
+    # and the old-log-prob pass; 0 = micro_batches' fixed split (mini_batch_size / micro_batches rows).
+    max_tokens_per_micro_batch: int = 0
 
     def __post_init__(self):
         # NumPy's SeedSequence and vLLM's seeding (np.random.seed) take only non-negative seeds
@@ -60,6 +70,17 @@ class TrainConfig:
             raise ValueError(
                 f"train.micro_batches ({self.micro_batches}) must divide train.mini_batch_size "
                 f"({self.mini_batch_size})"
+            )
+        for name in ("pack_len", "max_tokens_per_micro_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"train.{name} must be an int >= 0, got {value!r}")
+        if self.max_tokens_per_micro_batch and self.micro_batches != 1:
+            raise ValueError(
+                "set one of train.micro_batches (a fixed split) and "
+                "train.max_tokens_per_micro_batch (a token budget), not both: got "
+                f"micro_batches={self.micro_batches}, "
+                f"max_tokens_per_micro_batch={self.max_tokens_per_micro_batch}"
             )
 
 
@@ -234,6 +255,18 @@ def check_cross_fields(run: RunConfig) -> None:
         raise ConfigError(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide the rollout budget "
             f"train.prompts_per_step * allocation.n_avg = {budget}"
+        )
+    row_len = train.pack_len or run.max_seq_len
+    if row_len < run.max_seq_len:
+        raise ValueError(
+            f"train.pack_len ({train.pack_len}) must be >= the run's max_seq_len "
+            f"(data.max_prompt_tokens + rollout.max_new_tokens = {run.max_seq_len}): a row must "
+            "hold the longest sequence"
+        )
+    if train.max_tokens_per_micro_batch and train.max_tokens_per_micro_batch < row_len:
+        raise ValueError(
+            f"train.max_tokens_per_micro_batch ({train.max_tokens_per_micro_batch}) must hold at "
+            f"least one row of train.pack_len = {row_len} tokens"
         )
     if temp.mode == "e3" and temp.vocab_size != run.model.vocab_size:
         raise ConfigError(

@@ -8,6 +8,8 @@ One step, top to bottom (`rl_step`), as in DESIGN.md "One training step, as data
 4. GRPO advantages per prompt-id group (variable group sizes);
 5. the trainer recomputes old log-probs (and entropy) at τ with its own forward;
 6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches;
+   (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
+   train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
 7. allocator history and temperature scheduler are updated, weights pushed to the engine.
 `run` wraps steps with checkpointing (every M steps, at the end, on Ctrl-C), evaluation every K
 steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
@@ -26,7 +28,8 @@ whole rollout batch. The rules that keep the processes in lock step:
   all-gathered, so every process holds identical rewards even if a verdict would differ between
   hosts (math-verify runs under CPU/wall limits) and scoring work is split, not repeated;
 - old log-probs: the global batch is fed by rows (each process its own rows, cut from its whole
-  copy), the outputs all-gathered back to every process;
+  copy; packing is deterministic, so every process builds the same packed rows), the outputs
+  all-gathered back to every process;
 - update: each mini-batch likewise (`multihost.global_batch_from_host`); the step's metrics are
   replicated scalars, read on every process;
 - checkpoints: orbax saves and restores collectively (all processes call them; arrays are
@@ -63,6 +66,7 @@ from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
+from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
@@ -72,7 +76,7 @@ from dynamo_jax.seeds import MINI_BATCH, ROLLOUT, step_seed
 from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.mesh import build_mesh
 from dynamo_jax.sharding.rules import replicated
-from dynamo_jax.step.forward import LogprobFn, make_logprob_fn
+from dynamo_jax.step.forward import LogprobFn, data_shards, make_logprob_fn
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
@@ -224,21 +228,40 @@ def build_batch(
     )
 
 
+def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]:
+    """(update, old-log-prob pass) row layouts: rows of train.pack_len tokens (default the run's
+    max_seq_len), packed or one sequence per row, in micro-batches of the token budget's rows
+    (max_tokens_per_micro_batch // row length per device) or of mini_batch_size / micro_batches
+    rows; a mini-batch holds mini_batch_size sequences, the log-prob pass the whole budget."""
+    train = cfg.train
+    row_len = train.pack_len or cfg.max_seq_len
+    if train.max_tokens_per_micro_batch:
+        micro_rows = data_shards * (train.max_tokens_per_micro_batch // row_len)
+    else:
+        micro_rows = train.mini_batch_size // train.micro_batches
+    layout = functools.partial(
+        RowLayout, row_len, train.packing, micro_rows, row_shards=data_shards
+    )
+    return layout(max_sequences=train.mini_batch_size), layout(max_sequences=cfg.budget)
+
+
 def old_logprobs(
     batch: RolloutBatch, logprob: LogprobFn, params: Any, ref_params: Any, timings: dict
 ) -> RolloutBatch:
     """The batch with π_old's (and π_ref's) log-probs and π_old's entropy at its temperature,
-    from the trainer's own forward."""
+    from the trainer's own forward over the batch's sequences in `logprob.layout`'s rows."""
     with _timed(timings, "old_logprobs"):
+        seqs = np.arange(batch.rows)
+        rows, plan = batching.layout_rows(batch, seqs, logprob.layout, logprob.batch_shardings)
         # Each process feeds its own rows; outputs come back whole to every process.
-        model_in = multihost.global_batch_from_host(
-            batch.arrays(logprob.batch_shardings), logprob.batch_shardings, batch.rows
-        )
+        model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
+        width = batch.tokens.shape[1]
+        back = lambda x: plan.gather(multihost.host_copy(x), width, 0.0)
         logp, ent = logprob(params, model_in)
         ref_logp = None
         if ref_params is not None:
-            ref_logp = multihost.host_copy(logprob(ref_params, model_in)[0])
-        old_logp, entropy = multihost.host_copy(logp), multihost.host_copy(ent)
+            ref_logp = back(logprob(ref_params, model_in)[0])
+        old_logp, entropy = back(logp), back(ent)
     return dataclasses.replace(batch, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
 
 
@@ -250,11 +273,14 @@ def update(
     state: TrainState,
     timings: dict,
 ) -> tuple[TrainState, UpdateResult]:
-    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches."""
+    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches, each laid into
+    rows (packed or not) by the update's row layout; per update, the metrics also report the
+    share of the fed token slots that held no token and the micro-batch count."""
+    layout, _ = row_layouts(cfg, _row_shards(train_step.batch_shardings["tokens"]))
     fields = tuple(train_step.batch_shardings)
-    train_batch = batch.arrays(fields)
+    size = cfg.train.mini_batch_size
     rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
-    per_update = []
+    per_update, layout_stats = [], []
     with _timed(timings, "update"):
         for _ in range(cfg.train.ppo_epochs):
             perm = (
@@ -262,15 +288,28 @@ def update(
                 if cfg.train.shuffle_mini_batches
                 else np.arange(batch.rows)
             )
-            for mb in batching.mini_batches(train_batch, cfg.train.mini_batch_size, perm):
-                mb = multihost.global_batch_from_host(
-                    mb, train_step.batch_shardings, cfg.train.mini_batch_size
-                )
+            for start in range(0, batch.rows, size):
+                rows, plan = batching.layout_rows(batch, perm[start : start + size], layout, fields)
+                mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
                 state, metrics = train_step.fn(state, mb)
                 per_update.append(metrics)
+                layout_stats.append(
+                    {
+                        "pack/padding_share": plan.padding_share,
+                        "pack/micro_batches": plan.micro_batches,
+                    }
+                )
         fetched = jax.device_get(per_update)  # one host sync per step, not per update
     skipped = [bool(m.pop(SKIP_KEY)) for m in fetched]
+    for m, extra in zip(fetched, layout_stats):
+        m.update(extra)
     return state, UpdateResult(fetched, skipped)
+
+
+def _row_shards(sharding: Any) -> int:
+    """How many ways a batch sharding splits rows (the act_batch axes' mesh size)."""
+    n = sharding.mesh.size
+    return n // sharding.shard_shape((n,))[0]
 
 
 def record(
@@ -433,14 +472,15 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
+    train_layout, logprob_layout = row_layouts(cfg, data_shards(mesh, cfg.mesh.rules))
     train_step = make_train_step(
         cfg.model,
         cfg.loss,
         optimizer,
         mesh,
         cfg.mesh.rules,
-        batch_size=cfg.train.mini_batch_size,
-        micro_batches=cfg.train.micro_batches,
+        batch_size=train_layout.max_rows,
+        micro_batches=train_layout.max_micro_batches,
         seed=cfg.train.seed,
     )
     if cfg.init.checkpoint:
@@ -453,7 +493,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     else:
         rng = jax.random.key(cfg.train.seed)
         state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
-    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, batch_size=cfg.budget)
+    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, logprob_layout)
     ref_params = None
     if cfg.loss.kl != "none":
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
@@ -633,16 +673,15 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
 
 def dry_run(cfg: RunConfig) -> dict:
     """The sharding planner on abstract shapes for this config's model, loss, mesh and batch."""
-    from dynamo_jax.sharding.planner import format_report, run_dry_run
+    from dynamo_jax.sharding.planner import format_report, row_batch_shape, row_shards, run_dry_run
 
+    layout, _ = row_layouts(cfg, row_shards(cfg.mesh, cfg.dry_run.num_devices))
     report = run_dry_run(
         cfg.model,
         cfg.loss,
         cfg.mesh,
         num_devices=cfg.dry_run.num_devices,
-        batch_size=cfg.train.mini_batch_size,
-        seq_len=cfg.max_seq_len,
-        micro_batches=cfg.train.micro_batches,
+        **row_batch_shape(layout),
         device_memory_gb=cfg.dry_run.device_memory_gb,
         optimizer_factory=functools.partial(make_optimizer, cfg.optim, cfg.total_updates),
     )

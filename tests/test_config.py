@@ -25,6 +25,9 @@ def test_every_section_maps_to_a_frozen_dataclass():
         (C.TrainConfig, dict(seed=-1), "train.seed"),  # failed only at step 1 before
         (C.TrainConfig, dict(seed=2**32), "train.seed"),  # np.random.seed (vLLM) refuses it
         (C.TrainConfig, dict(mini_batch_size=6, micro_batches=4), "train.micro_batches"),
+        (C.TrainConfig, dict(pack_len=-1), "train.pack_len"),
+        (C.TrainConfig, dict(max_tokens_per_micro_batch=1.5), "train.max_tokens_per_micro_batch"),
+        (C.TrainConfig, dict(micro_batches=2, max_tokens_per_micro_batch=64), "not both"),
         (C.OptimConfig, dict(schedule="linear"), "optim.schedule"),
         (C.OptimConfig, dict(b2=1.0), "optim.b2"),
         (C.OptimConfig, dict(learning_rate=0.0), "optim.learning_rate"),
@@ -84,3 +87,25 @@ def test_validation_errors_are_config_errors_naming_the_field():
         C.from_config_dict(config)
     assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, UserError)
     C.build_section("train", {"seed": 2**32 - 1})  # the largest seed
+
+
+def test_pack_len_and_token_budget_are_checked_against_the_run():
+    """A row must hold the run's longest sequence (max prompt + max new tokens) and a token
+    budget at least one row: both fail while the config is read, before anything compiles."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    longest = config.data.max_prompt_tokens + config.rollout.max_new_tokens  # 16 + 4
+    config.train.pack_len = longest - 1
+    with pytest.raises(
+        ValueError, match=r"train\.pack_len \(19\) must be >= the run's max_seq_len"
+    ):
+        C.from_config_dict(config)
+    config.train.pack_len = 0  # = max_seq_len
+    config.train.max_tokens_per_micro_batch = longest - 1
+    with pytest.raises(ValueError, match=r"must hold at least one row of train\.pack_len = 20"):
+        C.from_config_dict(config)
+    config.train.pack_len = 32
+    config.train.max_tokens_per_micro_batch = 64
+    run = C.from_config_dict(config)
+    assert run.train.packing and run.train.pack_len == 32

@@ -268,3 +268,82 @@ def test_gradient_matches_finite_differences_of_reference(baseline):
             lo[name][idx] -= eps
             num[idx] = (ref.policy_loss(hi, cfg)[0] - ref.policy_loss(lo, cfg)[0]) / (2 * eps)
         assert_close(np.asarray(g), num, rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- packed layout
+
+
+def _layouts(seed=21, S=10, L=9, prompt_max=3):
+    """The same S sequences as two TokenBatches of one [S, W] shape (one compile each config):
+    padded, one sequence per row (segment ids 1 on its tokens), and packed several per row by
+    `data.packing` (rows left over are empty). Sequence s = p_s untrained prompt slots, then its
+    response (the reference's ragged mask: one empty, some with A = 0); rows are twice the
+    longest sequence. Returns (padded inputs dict, padded batch, packed batch, plan)."""
+    from dynamo_jax.data.packing import RowLayout
+
+    rng = np.random.default_rng(seed)
+    resp = ref.random_token_inputs(rng, B=S, L=L)
+    p = rng.integers(1, prompt_max + 1, S)
+    W = 2 * (L + prompt_max)
+    lengths = p + resp["mask"].sum(1)
+    inp = {}
+    for key, value in resp.items():
+        arr = rng.normal(size=(S, W))  # junk on untrained slots: must never be read
+        for s in range(S):
+            arr[s, p[s] : p[s] + L] = value[s]
+        inp[key] = arr
+    inp["mask"] = np.zeros((S, W), bool)
+    for s in range(S):
+        inp["mask"][s, p[s] : lengths[s]] = True
+    inp["adv"] = np.repeat(resp["adv"][:, :1], W, axis=1)  # one advantage per sequence
+    padded = to_batch(inp)._replace(
+        segment_ids=jnp.asarray(np.arange(W)[None] < lengths[:, None], jnp.int32)
+    )
+    plan = RowLayout(row_len=W, packing=True, micro_rows=S, max_sequences=S).plan(lengths)
+    packed_inp = {k: plan.scatter(v, fill=0.0) for k, v in inp.items() if k != "mask"}
+    packed_inp["mask"] = plan.scatter(inp["mask"], fill=False)
+    packed = to_batch(packed_inp)._replace(segment_ids=jnp.asarray(plan.segment_ids()))
+    return inp, padded, packed, plan
+
+
+@jax.jit(static_argnums=0)
+def _loss_metrics_grads(cfg, batch):
+    """Loss, finalized metrics and d loss / d (log π, H), statistics from the batch itself."""
+
+    def f(logp, ent):
+        b = batch._replace(logp=logp, ent=ent)
+        loss, metrics = build_loss_fn(cfg)(b, minibatch_stats(b, cfg))
+        return loss, finalize_metrics(metrics)
+
+    return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(batch.logp, batch.ent)
+
+
+LAYOUT_CONFIGS = (
+    [cfg_for(b, agg) for b in BASELINES for agg in AGG_MODES]
+    + [cfg_for("dynamo", agg, entropy_change="sequence_mean") for agg in AGG_MODES]
+    + [cfg_for("dynamo", "seq-mean-token-mean", kl="k3", kl_coef=0.05)]
+)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    LAYOUT_CONFIGS,
+    ids=lambda c: f"{c.baseline}-{c.loss_agg_mode}-{c.entropy_change}-{c.kl}",
+)
+def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
+    """ALGORITHM.md §11: the same sequences packed several to a row (segment ids) or one per
+    padded row give the same loss, metrics and per-token gradients, for every baseline and
+    aggregation mode and both ΔH modes; the padded value is also the float64 reference's."""
+    inp, padded, packed, plan = _layouts()
+    assert plan.rows == len(inp["mask"]) and plan.segment_ids().max() >= 3  # really packed
+    (loss, metrics), (g_lp, g_ent) = _loss_metrics_grads(cfg, padded)
+    (p_loss, p_metrics), (p_lp, p_ent) = _loss_metrics_grads(cfg, packed)
+    assert_close(loss, ref.policy_loss(inp, cfg)[0])
+    assert abs(float(loss)) > 1e-4
+    assert_close(p_loss, float(loss))
+    assert float(metrics["sequences"]) == float(p_metrics["sequences"]) == 9  # one is empty
+    for key in metrics:
+        assert_close(p_metrics[key], float(metrics[key]), atol=1e-6)
+    width = inp["mask"].shape[1]
+    for got, want in ((p_lp, g_lp), (p_ent, g_ent)):
+        assert_close(plan.gather(np.asarray(got), width), np.asarray(want) * inp["mask"], atol=1e-7)

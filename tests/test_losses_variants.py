@@ -7,7 +7,8 @@ step's per-token U[0, 1) noise, an unclipped token loss −Â · r, and one stat
 here the mini-batch's mean noise, reported as a metric through an extra loss term of weight 0).
 Oracle: at the first update old_logp equals the step's own log-probs, so r = 1 and the loss is
 −mean over trained tokens of A · (1 + noise), evaluated in float64 NumPy with the noise the step
-draws (its documented key: the seed folded with the noise stream, then the update counter).
+draws (its documented key: the seed folded with the noise stream, then the update counter; each
+token's draw then folds in its sequence's index in the mini-batch and its position).
 """
 
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 
+from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses import (
     BASELINES,
     LossConfig,
@@ -128,19 +130,26 @@ def test_toy_variant_runs_through_the_real_jitted_step(toy_variant):
     mesh = build_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
     rows, length = 4, 12
     rng = np.random.default_rng(0)
-    mask = np.ones((rows, length), np.int32)
+    # Rows 0 and 1 hold one sequence each; row 2 packs sequences 2 (7 slots) and 3 (5 slots),
+    # whose positions restart at 0; row 3 is empty.
+    seq_of_slot = np.array([[0] * length, [1] * length, [2] * 7 + [3] * 5, [-1] * length])
+    position = np.array([range(length), range(length), [*range(7), *range(5)], [0] * length])
     batch = dict(
         tokens=rng.integers(1, cfg.vocab_size, (rows, length)).astype(np.int32),
-        positions=np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
-        attention_mask=mask,
-        loss_mask=np.pad(np.ones((rows, length - 4), np.float32), ((0, 0), (4, 0))),
+        positions=position.astype(np.int32),
+        segment_ids=np.array([[1] * length, [1] * length, [1] * 7 + [2] * 5, [0] * length]),
+        loss_mask=((position >= 3) & (seq_of_slot >= 0)).astype(np.float32),
+        sequence_index=np.maximum(seq_of_slot, 0).astype(np.int32),
         temperature=np.float32(1.0),
     )
     rewards = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
     loss_cfg = LossConfig.preset(TOY)
     adv = sequence_advantages(loss_cfg, rewards, np.arange(rows), valid_B=np.ones(rows, bool))
-    batch["advantages"] = np.asarray(adv, np.float32)
-    logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, batch_size=rows)
+    batch["advantages"] = np.where(seq_of_slot >= 0, np.asarray(adv)[seq_of_slot], 0.0).astype(
+        np.float32
+    )
+    layout = RowLayout(row_len=length, packing=True, micro_rows=rows, max_sequences=rows)
+    logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, layout)
     batch["old_logp"] = np.asarray(logprob(params, batch)[0])
 
     opt = optax.sgd(1e-2)
@@ -152,15 +161,19 @@ def test_toy_variant_runs_through_the_real_jitted_step(toy_variant):
     new_state, metrics = step(state, {k: batch[k] for k in batch_sh})
     metrics = {k: float(v) for k, v in metrics.items()}
 
-    # The step's noise: `seed` folded with the noise stream, then with the update counter (0).
+    # The step's noise: `seed` folded with the noise stream, then with the update counter (0),
+    # then per token with its sequence's index in the mini-batch and its position in it.
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(3), NOISE_STREAM), 0)
-    noise = np.asarray(jax.random.uniform(key, (rows, length), jnp.float32), np.float64)
+    noise = np.zeros((rows, length))
+    for r, t in np.ndindex(rows, length):
+        s, p = int(batch["sequence_index"][r, t]), int(batch["positions"][r, t])
+        noise[r, t] = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, s), p))
     # r = 1 at the first update (old_logp is this policy's), so the loss is
     # −Σ_t A_t (1 + noise_t) / n_tokens over the trained tokens.
     trained = batch["loss_mask"] > 0
-    a_bxl = np.broadcast_to(batch["advantages"][:, None], (rows, length)).astype(np.float64)
+    a_bxl = batch["advantages"].astype(np.float64)
     want = -np.sum(np.where(trained, a_bxl * (1.0 + noise), 0.0)) / trained.sum()
-    assert metrics["tokens"] == trained.sum()
+    assert metrics["tokens"] == trained.sum() and metrics["sequences"] == 4
     np.testing.assert_allclose(metrics["loss"], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(metrics["mean_noise"], noise[trained].mean(), rtol=1e-5)
     assert abs(want) > 1e-3  # the noise made the +1 and −1 rows unequal: a non-trivial value

@@ -196,3 +196,96 @@ def test_sharded_init_and_forward_under_logical_rules():
         assert out.sharding.spec == jax.sharding.PartitionSpec("fsdp", None, "tensor")
     host = jax.tree.map(np.asarray, params)
     np.testing.assert_allclose(out, _flax_logits(host, cfg, tokens, mask), atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- packed rows
+# Three sequences of 5, 7 and 4 tokens laid end to end in one row of 20 slots (4 empty), and a
+# second row holding the 7-token sequence alone: segment ids restart per row, positions per
+# sequence.
+SEQS = [np.array([5, 6, 7, 9, 11]), np.array([3, 1, 4, 1, 5, 9, 2]), np.array([200, 17, 2, 8])]
+
+
+def _packed_rows(seqs=SEQS, width=20):
+    tokens = np.zeros((2, width), np.int64)
+    seg = np.zeros((2, width), np.int32)
+    pos = np.zeros((2, width), np.int32)
+    start = 0
+    for k, s in enumerate(seqs, start=1):
+        tokens[0, start : start + len(s)] = s
+        seg[0, start : start + len(s)] = k
+        pos[0, start : start + len(s)] = np.arange(len(s))
+        start += len(s)
+    tokens[1, : len(seqs[1])], seg[1, : len(seqs[1])] = seqs[1], 1
+    pos[1, : len(seqs[1])] = np.arange(len(seqs[1]))
+    return tokens, pos, seg
+
+
+@pytest.mark.parametrize("impl", ["matmul", "xla"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_packed_row_matches_transformers_per_sequence(family, impl):
+    """Each packed sequence's logits are transformers' for that sequence run alone (attention
+    within the segment, RoPE positions from 0), with either attention implementation."""
+    model = make_tiny_hf_model(family, tie=False, seed=4)
+    cfg, params = _flax_from_hf(model, attention_impl=impl)
+    tokens, pos, seg = _packed_rows()
+    out = np.asarray(qwen.forward_jit(params, cfg, tokens, pos, seg))
+    start = 0
+    for s in SEQS:
+        ref = hf_logits(model, s[None], np.ones((1, len(s))))[0]
+        assert np.abs(ref).max() > 1.0
+        np.testing.assert_allclose(out[0, start : start + len(s)], ref, atol=1e-4, rtol=0)
+        start += len(s)
+    np.testing.assert_allclose(out[1, : len(SEQS[1])], out[0, 5:12], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["matmul", "xla"])
+def test_segments_never_see_each_other(tiny3, impl):
+    """Changing every token of the middle sequence leaves the other sequences' logits (before
+    and after it in the row) bit-identical, and does change its own."""
+    model, sd = tiny3
+    cfg = ModelConfig.from_hf_config(model.config.to_dict(), attention_impl=impl)
+    params = hf_io.from_hf_tensors(sd, cfg)
+    tokens, pos, seg = _packed_rows()
+    other = tokens.copy()
+    other[0, 5:12] = (other[0, 5:12] + 37) % cfg.vocab_size
+    a = np.asarray(qwen.forward_jit(params, cfg, tokens, pos, seg))
+    b = np.asarray(qwen.forward_jit(params, cfg, other, pos, seg))
+    untouched = (seg[0] != 2) & (seg[0] > 0)
+    np.testing.assert_array_equal(a[0, untouched], b[0, untouched])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert np.abs(a[0, 5:12] - b[0, 5:12]).max() > 1e-2
+
+
+def test_attention_impls_give_the_same_gradients():
+    """`jax.nn.dot_product_attention` (XLA) and the batched-matmul attention agree on the loss
+    gradient of a packed batch (both are exact masked softmax attention)."""
+    base = get_preset("tiny-qwen2", num_layers=1)
+    params = jax.tree.map(
+        lambda x: x * 10 if x.ndim > 1 else x, qwen.init_params(base, jax.random.key(0))
+    )
+    tokens, pos, seg = _packed_rows()
+    weights = jax.random.normal(jax.random.key(1), (*tokens.shape, base.vocab_size))
+
+    def grads(cfg):
+        loss = lambda p: jnp.sum(
+            jax.nn.log_softmax(qwen.forward(p, cfg, tokens, pos, seg)) * weights
+        )
+        return jax.jit(jax.grad(loss))(params)
+
+    ref = grads(base)
+    got = grads(base.replace(attention_impl="xla"))
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ref)) > 1e-3
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), ref, got)
+
+
+def test_attention_impl_names_match_the_config_and_cudnn_needs_bf16():
+    from dynamo_jax.models.config import ATTENTION_IMPLS
+
+    assert tuple(qwen.ATTENTION_IMPLS) == ATTENTION_IMPLS
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        get_preset("tiny-qwen3", attention_impl="flash")
+    with pytest.raises(ValueError, match="'cudnn'.*needs dtype='bfloat16'"):
+        get_preset("tiny-qwen3", attention_impl="cudnn")
+    assert (
+        get_preset("tiny-qwen3", attention_impl="cudnn", dtype="bfloat16").attention_impl == "cudnn"
+    )

@@ -150,7 +150,7 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> No
         full = dict(
             tokens=rng.integers(1, cfg.vocab_size, (MH_BATCH, MH_LEN)).astype(np.int32),
             positions=np.asarray(positions_from_mask(mask)),
-            attention_mask=mask,
+            segment_ids=mask,  # one sequence per row
             loss_mask=loss_mask,
             advantages=rng.normal(size=MH_BATCH).astype(np.float32),
             old_logp=np.full((MH_BATCH, MH_LEN), -6.2, np.float32),

@@ -8,10 +8,17 @@ count of the sharded shapes, and the peak against XLA's own memory analysis.
 
 import pytest
 
+from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.sharding.mesh import MeshConfig
-from dynamo_jax.sharding.planner import GIB, format_report, run_dry_run
+from dynamo_jax.sharding.planner import (
+    GIB,
+    format_report,
+    row_batch_shape,
+    row_shards,
+    run_dry_run,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +46,7 @@ def test_report_counts_are_exact(tiny_report):
     assert per["params"] == 4 * ((cfg.num_params - qk_norm) // 8 + qk_norm)
     # AdamW: mu and nu like the params, plus one int32 step counter.
     assert per["opt_state"] == 2 * per["params"] + 4
-    # tokens/positions/attention_mask int32 and four float32 [8, 32] fields, 1 row per device,
+    # tokens/positions/segment_ids int32 and four float32 [8, 32] fields, 1 row per device,
     # plus the replicated temperature.
     assert per["batch"] == 6 * 32 * 4 + 4
     xla = tiny_report["xla_memory_analysis"]
@@ -53,6 +60,19 @@ def test_fits_is_decided_against_device_memory(tiny_report):
     assert tiny_report["fits"] is False
     text = format_report(tiny_report)
     assert "parameters: 131,520" in text and "GiB device: NO" in text
+
+
+def test_packed_layouts_are_planned_at_their_worst_case(tiny_report):
+    """A packed run compiles per micro-batch count; the planner takes the largest (every
+    sequence alone in a row): 512 sequences, 2 rows of 4096 per device on 8 row shards → 16
+    rows per micro-batch, 32 micro-batches. Memory is one micro-batch's."""
+    layout = RowLayout(row_len=4096, packing=True, micro_rows=8 * 2, max_sequences=512)
+    assert row_batch_shape(layout) == dict(batch_size=512, seq_len=4096, micro_batches=32)
+    assert row_shards(MeshConfig(shape=(1, -1, 2)), 16) == 8  # (data, fsdp) = (1, 8)
+    assert row_shards(MeshConfig(shape=(2, 2, 4)), 16) == 4
+    # The tiny plan: 8 rows of 32 tokens on 8 devices in one micro-batch.
+    assert tiny_report["tokens_per_device_micro_batch"] == 32
+    assert "1 micro-batch(es) of 32 tokens per device" in format_report(tiny_report)
 
 
 def test_mesh_not_matching_device_count_fails_before_spawning():

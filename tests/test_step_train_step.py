@@ -9,6 +9,8 @@ have 4 query heads and 2 KV heads, so tensor=2 splits both, tensor=4 splits Q bu
 and tensor=8 replicates both (rules.py, "Indivisible dimensions").
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -17,12 +19,20 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from dynamo_jax import batching, train
+from dynamo_jax.batching import RolloutBatch
+from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses import LossConfig, TokenBatch, build_loss_fn, minibatch_stats
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.sharding.rules import DEFAULT_RULES
-from dynamo_jax.step.forward import activation_rules, make_logprob_fn, model_param_shardings
+from dynamo_jax.step.forward import (
+    activation_rules,
+    make_logprob_fn,
+    model_param_shardings,
+    token_stats,
+)
 from dynamo_jax.step.state import train_state_from_params
 from dynamo_jax.step.train_step import make_train_step
 
@@ -55,10 +65,11 @@ def make_batch(cfg, params, seed=0):
     return dict(
         tokens=tokens,
         positions=positions,
-        attention_mask=mask,
+        segment_ids=mask,  # one sequence per row
         loss_mask=loss_mask,
         advantages=rng.normal(size=B).astype(np.float32),
         old_logp=(logp + 0.15 * rng.normal(size=(B, L))).astype(np.float32),
+        sequence_index=np.broadcast_to(np.arange(B, dtype=np.int32)[:, None], (B, L)).copy(),
         temperature=temperature,
     )
 
@@ -94,7 +105,7 @@ def sharded_logits(cfg, params, batch, mesh):
             return forward(p, cfg, tokens, positions, mask)
 
     p_sh = model_param_shardings(cfg, mesh, DEFAULT_RULES)
-    args = (params, batch["tokens"], batch["positions"], batch["attention_mask"])
+    args = (params, batch["tokens"], batch["positions"], batch["segment_ids"])
     jitted = jax.jit(fn, in_shardings=(p_sh, None, None, None))
     return np.asarray(jitted.lower(*args).compile(FAST_COMPILE)(*args))
 
@@ -109,9 +120,10 @@ def run_step(setups, name, mesh_shape, micro_batches=1, loss_cfg=LOSS_CFG):
         cfg, params, batch = setups[name]
         mesh = sub_mesh(mesh_shape)
         opt = optax.sgd(1.0)
-        step, state_sh, _ = make_train_step(
+        step, state_sh, batch_sh = make_train_step(
             cfg, loss_cfg, opt, mesh, DEFAULT_RULES, batch_size=B, micro_batches=micro_batches
         )
+        batch = {k: batch[k] for k in batch_sh}
         state = train_state_from_params(params, opt, state_sh)
         compiled = step.lower(state, batch).compile(FAST_COMPILE)
         new_state, metrics = compiled(state, batch)
@@ -140,7 +152,7 @@ def assert_trees_close(a, b, scaled_tol):
 
 def direct_loss(cfg, params, batch):
     """Unsharded oracle: full-softmax log π / H / K from the model's logits, then the losses."""
-    z = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
+    z = forward(params, cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
     logpi = jax.nn.log_softmax(z / batch["temperature"], axis=-1)[:, :-1]
     pi = jnp.exp(logpi)
     ent = -jnp.sum(pi * logpi, -1)
@@ -166,7 +178,7 @@ def test_single_device_step_matches_direct_full_softmax_oracle(setups):
     ref_loss, ref_grads = oracle.lower(params).compile(FAST_COMPILE)(params)
     np.testing.assert_allclose(loss, float(ref_loss), rtol=1e-5, atol=1e-5)
     assert_trees_close(grads, ref_grads, GRAD_TOL)
-    ref_logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
+    ref_logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
     np.testing.assert_allclose(logits, np.asarray(ref_logits), rtol=1e-5, atol=1e-5)
     assert metrics["update_skipped"] == 0.0
     assert metrics["tokens"] == batch["loss_mask"].sum()
@@ -218,7 +230,7 @@ def test_micro_batching_does_not_change_the_update(setups):
         cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=B, micro_batches=2
     )
     state = train_state_from_params(params, opt, state_sh)
-    batch = jax.device_put(batch, batch_sh)
+    batch = jax.device_put({k: batch[k] for k in batch_sh}, batch_sh)
     new_state, metrics = step.lower(state, batch).compile(FAST_COMPILE)(state, batch)
     assert state.params["embed"]["embedding"].is_deleted()  # donated
     grads = jax.tree.map(lambda p, n: p - np.asarray(n), params, new_state.params)
@@ -257,6 +269,7 @@ def test_non_finite_loss_skips_the_update(setups):
     opt = optax.sgd(1.0)
     state = train_state_from_params(params, opt, compiled.input_shardings[0][0])
     bad = dict(batch, advantages=np.where(np.arange(B) == 3, np.nan, batch["advantages"]))
+    bad.pop("sequence_index")  # DynaMO draws no noise
     new_state, metrics = compiled(state, bad)
     assert float(metrics["update_skipped"]) == 1.0
     assert int(new_state.step) == 0
@@ -267,9 +280,10 @@ def test_logprob_fn_matches_full_softmax(setups):
     cfg, params, batch = setups["tiny-qwen2"]
     mesh = sub_mesh((1, 2, 4))
     # Two strided micro-batches: the outputs must come back in the batch's row order.
-    fn = make_logprob_fn(cfg, mesh, DEFAULT_RULES, batch_size=B, micro_batches=2)
+    layout = RowLayout(row_len=L, packing=False, micro_rows=B // 2, max_sequences=B)
+    fn = make_logprob_fn(cfg, mesh, DEFAULT_RULES, layout)
     logp, ent = fn(jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES)), batch)
-    logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["attention_mask"])
+    logits = forward(params, cfg, batch["tokens"], batch["positions"], batch["segment_ids"])
     logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
     want_logp = np.take_along_axis(logpi[:, :-1], batch["tokens"][:, 1:, None], -1)[..., 0]
     want_ent = -(np.exp(logpi) * logpi).sum(-1)[:, :-1]
@@ -291,3 +305,177 @@ def test_bad_batch_geometry_fails_before_compiling(setups):
         make_train_step(cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=8, micro_batches=3)
     with pytest.raises(ValueError, match="batch size 2 does not divide over the act_batch"):
         make_train_step(cfg, LOSS_CFG, opt, mesh, DEFAULT_RULES, batch_size=8, micro_batches=4)
+
+
+# ----------------------------------------------------------------------------- packing
+# The same sequences as one padded row each (one micro-batch) and packed into rows of 16 slots in
+# micro-batches of 4 rows: the packed plan fills 3 micro-batches' worth of rows, rounded up to 4,
+# so the step also meets a padding micro-batch (skipped) and runs the statistics pre-pass.
+N_SEQ, MAX_LEN = 16, 16
+PADDED = RowLayout(row_len=MAX_LEN, packing=False, micro_rows=N_SEQ, max_sequences=N_SEQ)
+PACKED = RowLayout(row_len=16, packing=True, micro_rows=4, max_sequences=N_SEQ)
+
+
+def make_rollouts(cfg, params, seed=2):
+    """A RolloutBatch of N_SEQ sequences: prompts of 2-5 tokens, responses of 1 to
+    MAX_LEN - prompt tokens, row 5 an invalid (empty) row, random advantages, and old log-probs
+    near the policy's own (full softmax at T = 0.7)."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(2, 6, N_SEQ)
+    response = rng.integers(1, MAX_LEN - prompt + 1)
+    length = prompt + response
+    length[5] = 0
+    slots = np.arange(MAX_LEN)[None]
+    mask = (slots < length[:, None]).astype(np.int32)
+    tokens = (rng.integers(1, cfg.vocab_size, (N_SEQ, MAX_LEN)) * mask).astype(np.int32)
+    positions = np.asarray(positions_from_mask(mask))
+    loss_mask = ((slots >= prompt[:, None]) & (mask > 0)).astype(np.float32)
+    logits = forward(params, cfg, tokens, positions, mask)
+    logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
+    logp = np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+    ent = -(np.exp(logpi) * logpi).sum(-1)[:, :-1]
+    shift = lambda x: np.pad(x, ((0, 0), (1, 0)))  # token t is scored by slot t - 1
+    old = (shift(logp) + 0.15 * rng.normal(size=(N_SEQ, MAX_LEN))) * loss_mask
+    valid = length > 0
+    batch = RolloutBatch(
+        tokens=tokens,
+        positions=positions,
+        attention_mask=mask,
+        loss_mask=loss_mask,
+        engine_logp=np.zeros_like(loss_mask),
+        valid=valid,
+        prompt_id=np.where(valid, np.arange(N_SEQ) // 4, -1),
+        response_len=np.where(valid, response, 0).astype(np.int32),
+        stopped=valid,
+        rewards=rng.integers(0, 2, N_SEQ).astype(np.float32),
+        advantages=(rng.normal(size=N_SEQ) * valid).astype(np.float32),
+        temperature=0.7,
+        old_logp=old.astype(np.float32),
+    )
+    return batch, shift(logp), shift(ent)
+
+
+def grad_recorder() -> optax.GradientTransformation:
+    """An optimizer that applies nothing and keeps the last gradient as its state, so a step's
+    gradient is read exactly (params − SGD(1)'s new params rounds at the parameters' ulp)."""
+    return optax.GradientTransformation(
+        lambda params: jax.tree.map(jnp.zeros_like, params),
+        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads),
+    )
+
+
+def _layout_step(cfg, params, rollouts, layout, loss_cfg, mesh_shape):
+    """(metrics, grads, plan) of one update on `rollouts` laid out by `layout`."""
+    mesh = sub_mesh(mesh_shape)
+    opt = grad_recorder()
+    step, state_sh, batch_sh = make_train_step(
+        cfg,
+        loss_cfg,
+        opt,
+        mesh,
+        DEFAULT_RULES,
+        batch_size=layout.max_rows,
+        micro_batches=layout.max_micro_batches,
+    )
+    rows, plan = batching.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    state = train_state_from_params(params, opt, state_sh)
+    new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
+    grads = jax.tree.map(np.asarray, new_state.opt_state)
+    return {k: float(v) for k, v in metrics.items()}, grads, plan
+
+
+PACKING_CASES = [
+    ("dynamo", (1, 1, 1), LossConfig()),
+    ("dynamo-seq-mean", (1, 1, 1),
+     LossConfig(entropy_change="sequence_mean", loss_agg_mode="seq-mean-token-mean")),
+    ("kl_cov-token-sum-norm", (1, 1, 1), LossConfig.preset(
+        "kl_cov", kl_cov_ratio=0.1, loss_agg_mode="seq-mean-token-sum-norm", max_len_norm=16)),
+    ("dynamo-seq-mean", (2, 2, 2),
+     LossConfig(entropy_change="sequence_mean", loss_agg_mode="seq-mean-token-mean")),
+    ("clip_cov", (2, 2, 2), CLIP_COV),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "label,mesh_shape,loss_cfg",
+    PACKING_CASES,
+    ids=[f"{c[0]}-{'x'.join(map(str, c[1]))}" for c in PACKING_CASES],
+)
+def test_packed_step_equals_padded_step(setups, label, mesh_shape, loss_cfg):
+    """Same loss, metrics and update (≤ 1e-5 relative) whether the sequences sit one per padded
+    row in one micro-batch or packed several per row in token-budget micro-batches. The other
+    baselines and aggregation modes differ from these only in the loss, whose layout
+    invariance tests/test_losses_policy.py checks for every one of them, and the model's
+    per-token outputs and backward pass are checked for any cotangent below."""
+    cfg, params, _ = setups["tiny-qwen3"]
+    rollouts, _, _ = make_rollouts(cfg, params)
+    ref_m, ref_g, ref_plan = _layout_step(cfg, params, rollouts, PADDED, loss_cfg, mesh_shape)
+    m, g, plan = _layout_step(cfg, params, rollouts, PACKED, loss_cfg, mesh_shape)
+    # The packed layout is what it claims: rows shared by sequences, a skipped micro-batch.
+    filled = len(np.unique(plan.row_S[plan.row_S >= 0]))
+    # 15 sequences in 9-12 rows (3 micro-batches of 4), bucketed up to 4 micro-batches.
+    assert plan.micro_batches == 4 and 8 < filled <= 12 and plan.rows == 16
+    assert ref_plan.micro_batches == 1 and ref_plan.rows == N_SEQ
+    assert ref_m["sequences"] == m["sequences"] == N_SEQ - 1
+    assert set(m) == set(ref_m)
+    for key, value in ref_m.items():
+        np.testing.assert_allclose(m[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert abs(ref_m["loss"]) > 1e-3 and ref_m["grad_norm"] > 0
+    assert_trees_close(g, ref_g, 1e-5)
+
+
+def test_packed_forward_and_backward_equal_padded(setups):
+    """Per token, log π, H and K of a packed batch equal the padded batch's, and the parameter
+    gradient of Σ_t c_t log π_t + d_t H_t (random per-token cotangents, mapped with the tokens)
+    is the same: any loss's gradient is such a vector-Jacobian product of these outputs."""
+    cfg, params, _ = setups["tiny-qwen2"]
+    rollouts, want_logp, want_ent = make_rollouts(cfg, params)
+    mesh = sub_mesh((1, 1, 1))
+    rules = activation_rules(DEFAULT_RULES, mesh, cfg)
+    rng = np.random.default_rng(7)
+    cot = rng.normal(size=(2, N_SEQ, MAX_LEN)).astype(np.float32)
+    fields = ("tokens", "positions", "segment_ids", "loss_mask", "temperature")
+    out = {}
+    for name, layout in (("padded", PADDED), ("packed", PACKED)):
+        rows, plan = batching.layout_rows(rollouts, np.arange(N_SEQ), layout, fields)
+        c, d = plan.scatter(cot[0]), plan.scatter(cot[1])
+
+        def f(p, rows=rows, c=c, d=d):
+            logp, ent, k = token_stats(
+                p, rows, model_cfg=cfg, mesh=mesh, rules=rules, return_k=True
+            )
+            return jnp.sum(c * logp + d * ent), (logp, ent, k)
+
+        fn = jax.jit(jax.value_and_grad(f, has_aux=True))
+        (_, per_token), grads = fn.lower(params).compile(FAST_COMPILE)(params)
+        back = [plan.gather(np.asarray(x), MAX_LEN) for x in per_token]
+        out[name] = (back, grads)
+    scored = rollouts.loss_mask > 0
+    (logp, ent, k), grads = out["packed"]
+    (ref_logp, ref_ent, ref_k), ref_grads = out["padded"]
+    np.testing.assert_allclose(ref_logp[scored], want_logp[scored], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ref_ent[scored], want_ent[scored], rtol=1e-5, atol=1e-5)
+    for got, ref in ((logp, ref_logp), (ent, ref_ent), (k, ref_k)):
+        np.testing.assert_allclose(got[scored], ref[scored], rtol=1e-5, atol=1e-6)
+        assert np.all(got[~scored] == 0.0)
+    assert np.abs(ref_k[scored]).max() > 1e-3
+    assert_trees_close(grads, ref_grads, 1e-5)
+
+
+def test_old_logprobs_stage_packs_and_unpacks(setups):
+    """The loop's old-log-prob stage with packed rows in micro-batches (a skipped one included)
+    on a (1, 2, 4) mesh returns, per rollout row, the full-softmax log π and H of the policy."""
+    cfg, params, _ = setups["tiny-qwen3"]
+    rollouts, want_logp, want_ent = make_rollouts(cfg, params)
+    mesh = sub_mesh((1, 2, 4))
+    logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
+    placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
+    got = train.old_logprobs(
+        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None, {}
+    )
+    scored = rollouts.loss_mask > 0
+    for x, want in ((got.old_logp, want_logp), (got.entropy, want_ent)):
+        assert x.shape == (N_SEQ, MAX_LEN)
+        np.testing.assert_allclose(x[scored], want[scored], rtol=1e-5, atol=1e-5)
+        assert np.all(x[~scored] == 0.0)
+    assert got.ref_logp is None

@@ -2,7 +2,8 @@
 
 Specification: ALGORITHM.md §1–4 and §7. All functions are pure and jittable.
 
-How a train step uses this package (one optimizer mini-batch; rows = responses, [B, L]):
+How a train step uses this package (one optimizer mini-batch, [B, L]: rows of token slots, one
+sequence per row or several packed, told apart by `TokenBatch.segment_ids`):
 
     cfg = LossConfig.preset("dynamo")                 # or "grpo", "clip_cov", ... (§7)
     loss_fn = build_loss_fn(cfg)                      # variant looked up once, here
@@ -13,7 +14,7 @@ How a train step uses this package (one optimizer mini-batch; rows = responses, 
         hidden_NxD, w_DxV, targets_N, temperature, mesh=mesh, return_k=cfg.needs_k)
     # (inside your own shard_map: token_logprobs_entropy(..., vocab_axis="tensor"))
 
-    batch = TokenBatch(logp, old_logp, ent, adv, mask, k=k)   # each [B, L]
+    batch = TokenBatch(logp, old_logp, ent, adv, mask, k=k, segment_ids=seg)   # each [B, L]
     stats = minibatch_stats(stop_gradient(whole mini-batch), cfg)   # global reductions
     for micro in micro_batches:                                     # rows of the mini-batch
         loss, metrics = loss_fn(micro, stats)    # already divided by the mini-batch normaliser

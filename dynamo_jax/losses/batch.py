@@ -1,8 +1,10 @@
 """The per-token inputs of the policy loss and the mini-batch statistics it is normalised by.
 
-Layout: every per-token array is [B, L]: one row per response (sequence), L token positions,
-`mask` true on the response's valid tokens. A micro-batch is a subset of rows, and a device
-shard is a subset of rows too, so per-sequence quantities never cross a split.
+Layout: every per-token array is [B, L]: B rows of L token slots, `mask` true on the valid
+(trained) tokens. A row holds one sequence, or several laid end to end (packed): `segment_ids`
+then numbers them 1, 2, ... within the row (0 on empty slots), and every per-sequence reduction
+is per (row, segment) (`segment_sums`). A micro-batch is a subset of rows, and a device shard is
+a subset of rows too, so per-sequence quantities never cross a split.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ LOG_RATIO_CLAMP = 20.0
 
 
 class TokenBatch(NamedTuple):
-    """Per-token inputs, all [B, L] (rows are sequences)."""
+    """Per-token inputs, all [B, L]."""
 
     logp: jax.Array  # log π(a_t) at the batch temperature; gradient flows
     old_logp: jax.Array  # log π_old(a_t) (constant)
@@ -28,6 +30,8 @@ class TokenBatch(NamedTuple):
     k: jax.Array | None = None  # K_t of §1 (exact ΔH); constant
     ref_logp: jax.Array | None = None  # frozen reference policy (KL penalty only)
     noise: jax.Array | None = None  # U[0,1) per token: Clip-Cov's random pick (clip_cov only)
+    # int [B, L]: the row's k-th sequence has id k >= 1, empty slots 0; None: a row is a sequence
+    segment_ids: jax.Array | None = None
 
 
 class ModStats(NamedTuple):
@@ -51,6 +55,35 @@ class ModStats(NamedTuple):
 
 def as_mask(mask) -> jax.Array:
     return jnp.asarray(mask).astype(bool)
+
+
+def segments(batch: TokenBatch) -> jax.Array:
+    """int32 [B, L] segment ids of `batch` (all 1 when each row is one sequence)."""
+    if batch.segment_ids is None:
+        return jnp.ones(jnp.shape(batch.mask), jnp.int32)
+    return jnp.asarray(batch.segment_ids).astype(jnp.int32)
+
+
+def segment_sums(x_BxL, segment_ids_BxL) -> jax.Array:
+    """[B, L] → [B, L + 1]: column k sums x over the row's segment k (column 0: empty slots).
+
+    Segment ids lie in 0..L (a segment has at least one token), so L + 1 columns hold them all;
+    each row is reduced on its own, so rows shard and split freely.
+    """
+    n = x_BxL.shape[-1] + 1
+    per_row = lambda x, seg: jax.ops.segment_sum(x, seg, num_segments=n)
+    return jax.vmap(per_row)(x_BxL, segment_ids_BxL)
+
+
+def at_tokens(per_segment_BxS, segment_ids_BxL) -> jax.Array:
+    """[B, L + 1] per-segment values (`segment_sums`' layout) → [B, L]: each token's segment's."""
+    return jnp.take_along_axis(per_segment_BxS, segment_ids_BxL, axis=-1)
+
+
+def count_sequences(mask_BxL, segment_ids_BxL) -> jax.Array:
+    """float32 number of sequences (segments ≥ 1) with at least one valid token."""
+    per_segment = segment_sums(as_mask(mask_BxL).astype(jnp.float32), segment_ids_BxL)
+    return jnp.sum(per_segment[:, 1:] > 0).astype(jnp.float32)
 
 
 def masked_sum(x, mask):

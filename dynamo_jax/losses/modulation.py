@@ -11,7 +11,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dynamo_jax.losses.batch import TokenBatch, as_mask, log_ratio, masked_max, masked_min
+from dynamo_jax.losses.batch import (
+    TokenBatch,
+    as_mask,
+    at_tokens,
+    log_ratio,
+    masked_max,
+    masked_min,
+    segment_sums,
+    segments,
+)
 from dynamo_jax.losses.config import LossConfig
 
 GC_EPS = 1e-8  # denominator guard of β_comp (§4.1)
@@ -33,7 +42,7 @@ def beta_stab(xi_abs, xi_max, alpha_s, gamma, tau):
 
 
 def _k_term(batch: TokenBatch, u, mask, cfg: LossConfig):
-    """K_t: exact (from the vocab pass) or the authors' per-response mean of u."""
+    """K_t: exact (from the vocab pass) or the authors' per-response mean of u (per segment)."""
     if cfg.entropy_change == "exact":
         if batch.k is None:
             raise ValueError(
@@ -41,9 +50,10 @@ def _k_term(batch: TokenBatch, u, mask, cfg: LossConfig):
                 "with return_k=True) or use entropy_change='sequence_mean'"
             )
         return batch.k
-    u_sum_B = jnp.sum(jnp.where(mask, u, 0.0), axis=-1)
-    n_B = jnp.maximum(jnp.sum(mask, axis=-1), 1)
-    return (u_sum_B / n_B)[:, None]
+    seg = segments(batch)
+    u_sum = segment_sums(jnp.where(mask, u, 0.0), seg)
+    n = jnp.maximum(segment_sums(mask.astype(jnp.float32), seg), 1.0)
+    return at_tokens(u_sum / n, seg)
 
 
 def entropy_change_abs(batch: TokenBatch, cfg: LossConfig):

@@ -12,6 +12,7 @@ turns them into means.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -23,10 +24,13 @@ from dynamo_jax.losses.batch import (
     ModStats,
     TokenBatch,
     as_mask,
+    count_sequences,
     log_ratio,
     masked_max,
     masked_min,
     masked_sum,
+    segment_sums,
+    segments,
 )
 from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.losses.modulation import DAMPED_BELOW
@@ -42,14 +46,21 @@ def clipped_surrogate(adv_hat, r, clip_low, clip_high, dual_clip):
     return loss
 
 
-def aggregate(loss_BxL, mask_BxL, stats: ModStats, cfg: LossConfig):
-    """This micro-batch's share of the mini-batch aggregate (`loss_agg_mode`)."""
+def aggregate(loss_BxL, mask_BxL, stats: ModStats, cfg: LossConfig, segment_ids_BxL=None):
+    """This micro-batch's share of the mini-batch aggregate (`loss_agg_mode`).
+
+    Sequences are the (row, segment) pairs of `segment_ids_BxL` (None: each row is one).
+    """
     if cfg.loss_agg_mode == "token-mean":
         return masked_sum(loss_BxL, mask_BxL) / jnp.maximum(stats.n_tokens, 1.0)
     if cfg.loss_agg_mode == "seq-mean-token-mean":
-        seq_sum_B = jnp.sum(jnp.where(mask_BxL, loss_BxL, 0.0), axis=-1)
-        seq_mean_B = seq_sum_B / jnp.maximum(jnp.sum(mask_BxL, axis=-1), 1)
-        return jnp.sum(seq_mean_B) / jnp.maximum(stats.n_seqs, 1.0)
+        seg = (
+            jnp.ones(jnp.shape(mask_BxL), jnp.int32) if segment_ids_BxL is None else segment_ids_BxL
+        )
+        seq_sum = segment_sums(jnp.where(mask_BxL, loss_BxL, 0.0), seg)[:, 1:]
+        seq_count = segment_sums(jnp.asarray(mask_BxL, jnp.float32), seg)[:, 1:]
+        seq_mean = seq_sum / jnp.maximum(seq_count, 1.0)
+        return jnp.sum(seq_mean) / jnp.maximum(stats.n_seqs, 1.0)
     # seq-mean-token-sum-norm (Dr.GRPO): token sums over a constant length, mean over sequences.
     return masked_sum(loss_BxL, mask_BxL) / (jnp.maximum(stats.n_seqs, 1.0) * cfg.max_len_norm)
 
@@ -77,7 +88,7 @@ def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
     logp = lax.stop_gradient(batch.logp)
     m = {
         "tokens": jnp.sum(mask).astype(jnp.float32),
-        "sequences": jnp.sum(mask.any(axis=-1)).astype(jnp.float32),
+        "sequences": count_sequences(mask, segments(batch)),
         "clip_low_sum": f((adv_hat < 0) & (r < 1.0 - cfg.clip_low)),
         "clip_high_sum": f((adv_hat > 0) & (r > 1.0 + cfg.clip_high)),
         "beta_comp_sum": f(b_comp),
@@ -100,21 +111,23 @@ def build_loss_fn(cfg: LossConfig) -> LossFn:
 
     def loss_fn(batch: TokenBatch, stats: ModStats):
         mask = as_mask(batch.mask)
+        # The aggregation of this batch's layout (its sequences), with the records' signature.
+        agg = functools.partial(aggregate, segment_ids_BxL=segments(batch))
         lr = log_ratio(batch.logp, batch.old_logp, mask)
         r = jnp.exp(lr)
         adv_hat, b_comp, b_stab = advantage(batch, stats, cfg)
-        pg_loss = aggregate(token_loss(batch, stats, adv_hat, r, lr, cfg), mask, stats, cfg)
+        pg_loss = agg(token_loss(batch, stats, adv_hat, r, lr, cfg), mask, stats, cfg)
         parts = {"pg_loss": pg_loss}
         loss = pg_loss
         if variant.extra_loss is not None:
-            name, value, coef = variant.extra_loss(batch, mask, stats, cfg, aggregate)
+            name, value, coef = variant.extra_loss(batch, mask, stats, cfg, agg)
             parts[name] = value
             loss = loss + coef * value
         if cfg.kl != "none":
             if batch.ref_logp is None:
                 raise ValueError(f"LossConfig.kl={cfg.kl!r} needs TokenBatch.ref_logp")
             kl_t = reference_kl(batch.logp, jnp.where(mask, batch.ref_logp, batch.logp), cfg.kl)
-            parts["ref_kl"] = aggregate(kl_t, mask, stats, cfg)
+            parts["ref_kl"] = agg(kl_t, mask, stats, cfg)
             loss = loss + cfg.kl_coef * parts["ref_kl"]
         parts["loss"] = loss
         return loss, _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts)

@@ -16,6 +16,9 @@ plain GRPO behaviour (`losses/policy.py` supplies it):
     statistics(batch, n_tokens, cfg) -> {ModStats field: scalar}           mini-batch-global
     extra_loss(batch, mask, stats, cfg, aggregate) -> (name, value, coef)  loss += coef · value
 
+(`aggregate(x, mask, stats, cfg)` is the configured `loss_agg_mode` over the batch's sequences:
+per (row, segment) when rows are packed.)
+
 `needs_k(cfg)` says whether the log-prob pass must also return K_t (§1); `needs_noise` asks the
 step for U[0, 1) per token (drawn on the device from the step's key); `batch_fields` names extra
 per-token arrays of the rollout batch the variant reads.

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dynamo_jax.losses import registry
-from dynamo_jax.losses.batch import ModStats, TokenBatch, as_mask
+from dynamo_jax.losses.batch import ModStats, TokenBatch, as_mask, count_sequences, segments
 from dynamo_jax.losses.config import LossConfig
 
 
@@ -26,7 +26,7 @@ def minibatch_stats(batch: TokenBatch, cfg: LossConfig) -> ModStats:
     batch = _frozen(batch)
     mask = as_mask(batch.mask)
     n_tokens = jnp.sum(mask).astype(jnp.float32)
-    n_seqs = jnp.sum(mask.any(axis=-1)).astype(jnp.float32)
+    n_seqs = count_sequences(mask, segments(batch))
     zero = jnp.float32(0.0)
     names = ModStats._fields[2:]  # after n_tokens, n_seqs: the variant-specific statistics
     fields = dict.fromkeys(names, zero)

@@ -19,6 +19,8 @@ REMAT_POLICIES = (
     "dots_with_no_batch_dims_saveable",
     "everything_saveable",
 )
+# How the masked attention is computed (models/qwen.py ATTENTION_IMPLS, same names).
+ATTENTION_IMPLS = ("matmul", "xla", "cudnn")
 
 # Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse.
 _FAMILY_DEFAULTS = {
@@ -55,6 +57,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = True
     remat_policy: str = "none"
+    # "matmul": batched matmuls over (row, kv head), the fastest on XLA:CPU; "xla" / "cudnn":
+    # jax.nn.dot_product_attention with that implementation (cudnn: fused flash attention on
+    # NVIDIA GPUs, bf16/fp16 compute only). Same results up to rounding.
+    attention_impl: str = "matmul"
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -98,6 +104,16 @@ class ModelConfig:
         if self.param_dtype not in DTYPES:
             raise ValueError(
                 f"ModelConfig.param_dtype must be one of {DTYPES}, got {self.param_dtype!r}"
+            )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got "
+                f"{self.attention_impl!r}"
+            )
+        if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
+            raise ValueError(
+                "ModelConfig.attention_impl='cudnn' (fused flash attention) needs "
+                f"dtype='bfloat16', got {self.dtype!r}"
             )
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(

@@ -17,10 +17,18 @@ Parameters (scan_layers=True stacks every layer's leaves along a leading `layers
     layers/input_norm/scale, layers/post_attn_norm/scale [D]; final_norm/scale [D]
     lm_head/kernel             [D, V]     (embed, vocab)  only when embeddings are untied
 
-One attention routine serves training (keys = the sequence itself) and decoding (keys = the KV
-cache): a query at slot q may see a key at slot s iff the key is a real token and s <= q. Slots,
-not positions, decide causality, so left and right padding both work; RoPE uses the explicit
-positions.
+One attention rule serves training (keys = the row itself) and decoding (keys = the KV cache):
+a query at slot q may see a key at slot s iff s <= q and both tokens belong to the same segment
+(`attention_mask`). Training rows carry per-token segment ids: 1, 2, ... for the sequences packed
+into a row, 0 for empty slots, so a 0/1 attention mask is the one-sequence-per-row case; a cache
+has one segment per row (its valid slots). Slots, not positions, decide causality, so left and
+right padding both work; RoPE uses the explicit positions, which restart at 0 for every packed
+sequence. Segments never see each other, so packed and padded sequences get the same outputs.
+
+`ModelConfig.attention_impl` picks how the masked attention is computed, once, where the model is
+built (`ATTENTION_IMPLS`): "matmul" (batched matmuls, below) or `jax.nn.dot_product_attention`
+with implementation "xla" or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16; the
+causal flag lets it skip the blocks above the diagonal).
 """
 
 from __future__ import annotations
@@ -82,14 +90,26 @@ def rope(x_BxLxHxE: Array, positions_BxL: Array, theta: float) -> Array:
     return out.astype(x_BxLxHxE.dtype)
 
 
+def attention_mask(q_slot_L: Array, q_seg_BxL: Array, kv_seg_BxS: Array) -> Array:
+    """bool [B, L, S]: the query at slot q_slot_L[l] may see the key at slot s iff s <= that slot
+    and both have the same segment id; segment 0 (empty slots) sees and is seen by nothing."""
+    s_idx = jnp.arange(kv_seg_BxS.shape[1])
+    causal_LxS = s_idx[None, :] <= q_slot_L[:, None]
+    same_BxLxS = kv_seg_BxS[:, None, :] == q_seg_BxL[:, :, None]
+    return causal_LxS[None] & same_BxLxS & (kv_seg_BxS[:, None, :] > 0)
+
+
 def attend(
     q_BxLxHxE: Array,
     k_BxSxKxE: Array,
     v_BxSxKxE: Array,
-    q_slot_L: Array,
-    kv_valid_BxS: Array,
+    allowed_BxLxS: Array,
+    causal: bool,
 ) -> Array:
-    """Grouped-query attention; query at slot q sees real keys at slots s <= q.
+    """Grouped-query attention over the keys `allowed_BxLxS` permits (`attention_mask`).
+
+    `causal` (queries are the keys' own slots) is implied by the mask; this implementation does
+    not need it. A query that may see nothing (an empty slot) gets a uniform average, finite.
 
     Scores and softmax run in float32; the value product in the compute dtype. The products
     run as batched matmuls over (batch, kv head) with operands already in [rows, contraction]
@@ -109,14 +129,34 @@ def attend(
     v_BxKxSxE = v_BxSxKxE.transpose(0, 2, 1, 3)
     scores = jnp.matmul(q_BxKxQLxE, k_BxKxExS, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv_heads, g, length, s) * (e**-0.5)
-    s_idx = jnp.arange(s)
-    allowed_BxLxS = (s_idx[None, None, :] <= q_slot_L[None, :, None]) & (
-        kv_valid_BxS[:, None, :] > 0
-    )
     scores = jnp.where(allowed_BxLxS[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxE.dtype)
     out = jnp.matmul(probs.reshape(b, kv_heads, g * length, s), v_BxKxSxE)
     return out.reshape(b, kv_heads, g, length, e).transpose(0, 3, 1, 2, 4).reshape(b, length, h, e)
+
+
+def _dot_product_attention(implementation: str):
+    """`attend` through `jax.nn.dot_product_attention` with the given implementation."""
+
+    def attend_dpa(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, allowed_BxLxS, causal):
+        return jax.nn.dot_product_attention(
+            q_BxLxHxE,
+            k_BxSxKxE,
+            v_BxSxKxE,
+            mask=allowed_BxLxS[:, None],
+            is_causal=causal,
+            implementation=implementation,
+        )
+
+    return attend_dpa
+
+
+# ModelConfig.attention_impl → the attention function (models/config.py lists the same names).
+ATTENTION_IMPLS = {
+    "matmul": attend,
+    "xla": _dot_product_attention("xla"),
+    "cudnn": _dot_product_attention("cudnn"),
+}
 
 
 class Attention(nn.Module):
@@ -128,7 +168,8 @@ class Attention(nn.Module):
         x_BxLxD: Array,
         positions_BxL: Array,
         q_slot_L: Array,
-        kv_valid_BxS: Array,
+        q_seg_BxL: Array,
+        kv_seg_BxS: Array,
         cache_index: Array | None,
         layer_kv: LayerKV,
     ) -> tuple[Array, LayerKV]:
@@ -142,6 +183,8 @@ class Attention(nn.Module):
         q = rope(q, positions_BxL, cfg.rope_theta)
         k = rope(k, positions_BxL, cfg.rope_theta)
         q = nn.with_logical_constraint(q, ("act_batch", "act_len", "act_heads", None))
+        # Without a cache the keys are the queries' own slots: causal in the fused kernels' sense.
+        causal = layer_kv is None
         if layer_kv is not None:
             # Write this chunk's keys/values into the cache, then attend over the whole cache.
             k_cache, v_cache = layer_kv
@@ -150,7 +193,8 @@ class Attention(nn.Module):
             v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
             layer_kv = (k_cache, v_cache)
             k, v = k_cache.astype(dt), v_cache.astype(dt)
-        out = attend(q, k, v, q_slot_L, kv_valid_BxS)
+        allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
+        out = ATTENTION_IMPLS[cfg.attention_impl](q, k, v, allowed_BxLxS, causal)
         o_kernel = _Kernel(
             (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
             ("heads", "head_dim", "embed"),
@@ -226,7 +270,8 @@ class DecoderLayer(nn.Module):
         x_BxLxD: Array,
         positions_BxL: Array,
         q_slot_L: Array,
-        kv_valid_BxS: Array,
+        q_seg_BxL: Array,
+        kv_seg_BxS: Array,
         cache_index: Array | None,
         layer_kv: LayerKV,
     ) -> tuple[Array, LayerKV]:
@@ -234,7 +279,7 @@ class DecoderLayer(nn.Module):
         x = nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_len", "act_embed"))
         h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="input_norm")(x)
         h, layer_kv = Attention(cfg, name="attn")(
-            h, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, layer_kv
+            h, positions_BxL, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, layer_kv
         )
         x = x + h
         h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="post_attn_norm")(x)
@@ -280,7 +325,7 @@ class Transformer(nn.Module):
                 _layer_class(cfg),
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                in_axes=(nn.broadcast,) * 5 + (0,),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )(cfg)
@@ -293,26 +338,32 @@ class Transformer(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _Kernel((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt)
 
-    def _run(self, tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv):
+    def _run(self, tokens_BxL, positions_BxL, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, kv):
         """Embed, run all layers (optionally against a stacked cache), final norm."""
         x = self.embed(tokens_BxL.astype(jnp.int32))
         x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
+        masks = (q_slot_L, q_seg_BxL, kv_seg_BxS)
         if self.cfg.scan_layers:
-            x, kv = self.layers(x, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv)
+            x, kv = self.layers(x, positions_BxL, *masks, cache_index, kv)
         else:
             new_kv = []
             for i, layer in enumerate(self.layer_list):
                 layer_kv = None if kv is None else (kv[0][i], kv[1][i])
-                x, layer_kv = layer(x, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, layer_kv)
+                x, layer_kv = layer(x, positions_BxL, *masks, cache_index, layer_kv)
                 new_kv.append(layer_kv)
             if kv is not None:
                 kv = (jnp.stack([a for a, _ in new_kv]), jnp.stack([b for _, b in new_kv]))
         return self.final_norm(x), kv
 
-    def hidden(self, tokens_BxL: Array, positions_BxL: Array, mask_BxL: Array) -> Array:
-        """Final-norm hidden states [B, L, D] in the compute dtype (no unembedding)."""
+    def hidden(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array) -> Array:
+        """Final-norm hidden states [B, L, D] in the compute dtype (no unembedding).
+
+        `segment_ids_BxL`: 0 for empty slots, k >= 1 for the row's k-th sequence (a 0/1
+        attention mask is one sequence per row); tokens attend within their segment only.
+        """
         q_slot_L = jnp.arange(tokens_BxL.shape[1])
-        h, _ = self._run(tokens_BxL, positions_BxL, q_slot_L, mask_BxL, None, None)
+        seg = segment_ids_BxL.astype(jnp.int32)
+        h, _ = self._run(tokens_BxL, positions_BxL, q_slot_L, seg, seg, None, None)
         return h
 
     def logits(self, hidden_BxLxD: Array) -> Array:
@@ -329,15 +380,20 @@ class Transformer(nn.Module):
         )
         return nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
 
-    def __call__(self, tokens_BxL: Array, positions_BxL: Array, mask_BxL: Array) -> Array:
-        return self.logits(self.hidden(tokens_BxL, positions_BxL, mask_BxL))
+    def __call__(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array) -> Array:
+        return self.logits(self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL))
 
     def extend(self, tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv):
         """Run L new tokens against a stacked KV cache (k, v each [N, B, S, K, E]).
 
-        Returns (float32 logits of the last of the L tokens [B, V], updated (k, v)).
+        `kv_valid_BxS` already marks the new tokens' slots (1 = real): a row of the cache is one
+        segment. Returns (float32 logits of the last of the L tokens [B, V], updated (k, v)).
         """
-        h, kv = self._run(tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv)
+        kv_seg_BxS = kv_valid_BxS.astype(jnp.int32)
+        q_seg_BxL = jax.lax.dynamic_slice_in_dim(kv_seg_BxS, cache_index, q_slot_L.shape[0], axis=1)
+        h, kv = self._run(
+            tokens_BxL, positions_BxL, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, kv
+        )
         return self.logits(h[:, -1:])[:, 0], kv
 
 
@@ -373,9 +429,19 @@ def unembedding(params: Any, cfg: ModelConfig) -> Array:
     return params["lm_head"]["kernel"]
 
 
-def forward(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, mask_BxL) -> Array:
-    """float32 logits [B, L, V]: a functional shorthand for Transformer(cfg).apply."""
-    return Transformer(cfg).apply({"params": params}, tokens_BxL, positions_BxL, mask_BxL)
+def forward(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, segment_ids_BxL) -> Array:
+    """float32 logits [B, L, V]: a functional shorthand for Transformer(cfg).apply.
+
+    `segment_ids_BxL` as in `Transformer.hidden` (a 0/1 attention mask: one sequence per row).
+    """
+    return Transformer(cfg).apply({"params": params}, tokens_BxL, positions_BxL, segment_ids_BxL)
+
+
+def hidden(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, segment_ids_BxL) -> Array:
+    """Final-norm hidden states [B, L, D]: a functional shorthand for `Transformer.hidden`."""
+    return Transformer(cfg).apply(
+        {"params": params}, tokens_BxL, positions_BxL, segment_ids_BxL, method=Transformer.hidden
+    )
 
 
 # Jitted shorthand (cfg static) shared by all callers, so equal shapes compile once.

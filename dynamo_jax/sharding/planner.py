@@ -15,6 +15,13 @@ count on CPU, which is what `launch.py --dry_run` calls (the parent's JAX may al
 initialised with another device count). `python -m dynamo_jax.sharding.planner REQUEST.pkl
 REPORT.json` is that subprocess's entry point.
 
+Batches are rows of `seq_len` token slots in `micro_batches` micro-batches (step/forward.py). A
+packed run (train.packing, data/packing.py) feeds rows of train.pack_len tokens holding several
+sequences each, micro-batches of a token budget's rows, and a varying micro-batch count;
+`row_batch_shape` gives the shape the planner compiles for it: the layout's worst case, every
+sequence alone in a row (`RowLayout.max_micro_batches`). Memory is the micro-batch's (the step
+scans over micro-batches), so a packed mini-batch, which needs fewer micro-batches, fits too.
+
 Caveat, stated in every report: the program is compiled for the CPU backend. Layouts, fusion and
 the scheduler differ on GPU/TPU, so temporaries are an estimate (typically within tens of
 percent); parameter, optimizer-state and batch bytes are exact.
@@ -38,7 +45,8 @@ import jax.numpy as jnp
 import optax
 
 from dynamo_jax.models.config import ModelConfig
-from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+from dynamo_jax.sharding.mesh import AXIS_NAMES, MeshConfig, build_mesh
+from dynamo_jax.sharding.rules import _as_axes_tuple, rule_axes
 
 GIB = 1024**3
 CAVEAT = "CPU-compiled estimate: temporaries may differ on GPU/TPU; state bytes are exact"
@@ -67,11 +75,25 @@ def _with_shardings(abstract: Any, shardings: Any) -> Any:
     )
 
 
+def row_shards(mesh_cfg: MeshConfig, num_devices: int) -> int:
+    """How many ways the mesh splits a batch's rows (the `act_batch` axes' size)."""
+    shape = dict(zip(AXIS_NAMES, mesh_cfg.resolved_shape(num_devices)))
+    return math.prod(shape[a] for a in _as_axes_tuple(rule_axes(mesh_cfg.rules, "act_batch")))
+
+
+def row_batch_shape(layout: Any) -> dict[str, int]:
+    """`plan`'s batch arguments for a `data.packing.RowLayout`: its worst-case batch."""
+    return dict(
+        batch_size=layout.max_rows, seq_len=layout.row_len, micro_batches=layout.max_micro_batches
+    )
+
+
 def abstract_batch(
     batch_shardings: dict[str, Any], batch_size: int, seq_len: int
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """ShapeDtypeStructs for a train batch (forward.py's convention) with its shardings."""
-    dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "attention_mask": jnp.int32}
+    ints = ("tokens", "positions", "segment_ids", "sequence_index")
+    dtypes = dict.fromkeys(ints, jnp.int32)
     out = {}
     for field, sharding in batch_shardings.items():
         shape = () if field == "temperature" else (batch_size, seq_len)
@@ -127,6 +149,8 @@ def plan(
         "batch_size": batch_size,
         "seq_len": seq_len,
         "micro_batches": micro_batches,
+        "tokens_per_device_micro_batch": _sharded_rows(batch_shardings, batch_size // micro_batches)
+        * seq_len,
         "num_params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))),
         "per_device_bytes": {
             "params": params_b,
@@ -147,6 +171,11 @@ def plan(
         "backend": jax.default_backend(),
         "caveat": CAVEAT,
     }
+
+
+def _sharded_rows(batch_shardings: dict[str, Any], rows: int) -> int:
+    """Rows of a `rows`-row batch that one device holds."""
+    return batch_shardings["tokens"].shard_shape((rows,))[0]
 
 
 def _model_summary(cfg: ModelConfig) -> dict[str, Any]:
@@ -210,8 +239,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"compute, remat={m['remat_policy']})",
         f"parameters: {report['num_params']:,}",
         f"mesh: {report['mesh']} ({report['num_devices']} devices)",
-        f"batch: {report['batch_size']} x {report['seq_len']} tokens, "
-        f"{report['micro_batches']} micro-batch(es)",
+        f"batch: {report['batch_size']} rows x {report['seq_len']} tokens, "
+        f"{report['micro_batches']} micro-batch(es) of "
+        f"{report['tokens_per_device_micro_batch']:,} tokens per device",
         "per-device memory:",
         f"  params       {gib(per['params'])}",
         f"  opt state    {gib(per['opt_state'])}",

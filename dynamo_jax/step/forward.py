@@ -1,31 +1,44 @@
 """The sharded forward pass of the trainer: per-token log π, entropy and K at a temperature.
 
-Batch convention (shared by the train step, `make_logprob_fn` and the training loop):
-every per-token array is [B, L] and indexed by the token it SCORES. Row b holds one
-sequence, prompt then response, left-aligned (real tokens first, padding after; the model
-decides causality by slot and uses explicit positions, so left padding also works):
+Batch convention (shared by the train step, `make_logprob_fn` and the training loop): every
+per-token array is [B, L], B rows of L token slots, and indexed by the token it SCORES. A row
+holds one sequence (prompt then response) or, packed, several laid end to end
+(data/packing.py); real tokens and empty slots may sit anywhere, since the model decides
+causality by slot and segment and takes explicit positions:
 
-    tokens          int32 [B, L]  prompt + response token ids (padding: any id, e.g. 0)
-    positions       int32 [B, L]  RoPE positions (`models.qwen.positions_from_mask(mask)`)
-    attention_mask  int32 [B, L]  1 for real tokens
+    tokens          int32 [B, L]  prompt + response token ids (empty slots: any id, e.g. 0)
+    positions       int32 [B, L]  RoPE positions: 0, 1, ... within each sequence
+    segment_ids     int32 [B, L]  k >= 1 on the row's k-th sequence, 0 on empty slots (a 0/1
+                                  attention mask is the one-sequence-per-row case)
     loss_mask       f32   [B, L]  1 where tokens[b, t] is a response token to train on
-    advantages      f32   [B, L] or [B] (per sequence, broadcast over its tokens)
-    old_logp        f32   [B, L]  log π_old(tokens[b, t] | tokens[b, :t]) at the batch temperature
+    advantages      f32   [B, L] or [B] (per sequence: its advantage on each of its tokens;
+                                  [B] only when every row is one sequence)
+    old_logp        f32   [B, L]  log π_old(tokens[b, t] | its sequence before t) at the batch temperature
     ref_logp        f32   [B, L]  same under the reference policy (only when the loss has a KL term)
+    sequence_index  int32 [B, L]  the token's sequence's index in the mini-batch (only for variants
+                                  that draw per-token noise: it keys the noise, step/train_step.py)
     temperature     f32   []      the sampling temperature of this batch (a traced scalar: changing
                                   it every step never recompiles)
 
-So logp[b, t] = log softmax(logits[b, t - 1] / T)[tokens[b, t]]; column 0 has no predecessor and
-is 0 (loss_mask[:, 0] must be 0, which holds whenever a prompt is non-empty).
+So logp[b, t] = log softmax(logits[b, t - 1] / T)[tokens[b, t]]: position t − 1 of the same row,
+which is the same sequence wherever token t is trained (a sequence's first token is a prompt
+token: loss_mask is 0 there, and on column 0). Outputs are 0 where nothing is scored.
 
 The vocabulary projection never materialises [B·L, V] logits: hidden states go to the losses'
 blockwise, vocab-sharded `sharded_token_logprobs_entropy` (tokens split over the `act_batch`
 axes, vocabulary over the `act_vocab` axis).
+
+Micro-batches: a batch of B = M · micro_rows rows runs as M micro-batches of `micro_rows` rows,
+micro-batch m = rows m, m + M, m + 2M, ... (`split_micro`), and a batch of at most `micro_rows`
+rows as one micro-batch; M follows from the batch's shape, so one built function takes every
+row count (data/packing.py rounds them to few), and a micro-batch with no token at all (segment
+ids all 0: layout padding) is skipped (`lax.cond`) at no cost.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -35,6 +48,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE, sharded_token_logprobs_entropy
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.qwen import Transformer, param_logical_axes, param_shapes, unembedding
@@ -50,7 +64,7 @@ from dynamo_jax.sharding.rules import (
 
 Array = jax.Array
 # Fields present in every batch; `ref_logp` is added when the loss has a KL term.
-MODEL_INPUT_FIELDS = ("tokens", "positions", "attention_mask")
+MODEL_INPUT_FIELDS = ("tokens", "positions", "segment_ids")
 TRAIN_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "advantages", "old_logp", "temperature")
 LOGPROB_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "temperature")  # make_logprob_fn's batch
 
@@ -65,6 +79,11 @@ def activation_rules(rules: LogicalRules, mesh: Mesh, model_cfg: ModelConfig) ->
         "act_embed": model_cfg.hidden_size,
     }
     return fit_rules(rules, mesh, dims)
+
+
+def data_shards(mesh: Mesh, rules: LogicalRules) -> int:
+    """How many ways the rows of a batch are split (the mesh size of the `act_batch` axes)."""
+    return math.prod(mesh.shape[a] for a in _as_axes_tuple(rule_axes(rules, "act_batch")) if a)
 
 
 def model_param_shardings(model_cfg: ModelConfig, mesh: Mesh, rules: LogicalRules) -> Any:
@@ -116,7 +135,7 @@ def token_stats(
             {"params": params},
             tokens_BxL,
             batch["positions"],
-            batch["attention_mask"],
+            batch["segment_ids"],
             method=Transformer.hidden,
         )
     w_DxV = unembedding(params, model_cfg)
@@ -146,6 +165,21 @@ def token_stats(
     return shift(logp), shift(ent), (shift(k) if return_k else None)
 
 
+def micro_batch_count(rows: int, micro_rows: int) -> int:
+    """M for a batch of `rows` rows (trace time: shapes are static): up to `micro_rows` rows are
+    one micro-batch, more must be a whole number of micro-batches."""
+    if rows > micro_rows and rows % micro_rows:
+        raise ValueError(
+            f"a batch of {rows} rows does not split into micro-batches of {micro_rows} rows"
+        )
+    return max(rows // micro_rows, 1)
+
+
+def has_tokens(micro_batch: Mapping[str, Array]) -> Array:
+    """Whether a micro-batch holds any token (else it is layout padding, skipped)."""
+    return jnp.any(micro_batch["segment_ids"] > 0)
+
+
 def split_micro(rows: Mapping[str, Array], m: int, row_sharding: NamedSharding) -> dict:
     """[B, ...] → [M, B/M, ...] with micro-batch i = rows i, i + M, i + 2M, ...
 
@@ -166,13 +200,15 @@ def unsplit_micro(x_MxBx: Array) -> Array:
 
 
 class LogprobFn(NamedTuple):
-    """What `make_logprob_fn` builds: the jitted forward and the shardings of the batch it takes.
+    """What `make_logprob_fn` builds: the jitted forward, the shardings of the batch it takes, and
+    the row layout the training loop packs its sequences with (data/packing.py).
 
     Calling it calls `fn` with only the fields it reads (`batch_shardings`' keys).
     """
 
     fn: Callable  # (params, batch) -> (logp_BxL, entropy_BxL)
-    batch_shardings: dict[str, NamedSharding]  # field -> sharding of the whole-rollout batch
+    batch_shardings: dict[str, NamedSharding]  # field -> sharding of the batch rows
+    layout: RowLayout  # rows of layout.row_len slots, micro-batches of layout.micro_rows rows
 
     def __call__(self, params, batch):
         return self.fn(params, {f: batch[f] for f in self.batch_shardings})
@@ -182,28 +218,24 @@ def make_logprob_fn(
     model_cfg: ModelConfig,
     mesh: Mesh,
     rules: LogicalRules,
+    layout: RowLayout,
     *,
-    batch_size: int,
-    micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> LogprobFn:
     """A jitted `fn(params, batch) -> (logp_BxL, entropy_BxL)` for old/reference log-probs.
 
-    `batch` needs `tokens`, `positions`, `attention_mask`, `loss_mask` and `temperature` (module
-    convention); the outputs are sharded like the batch rows and are zero in column 0 and
-    wherever `loss_mask` is 0 (only the trained tokens are scored: no loss reads the others). With
-    `micro_batches` > 1 the forward runs over strided micro-batches in sequence (`lax.map`), which
-    bounds activation memory (attention scores grow with rows × L²) for large rollout batches.
+    `batch` needs `tokens`, `positions`, `segment_ids`, `loss_mask` and `temperature` (module
+    convention) in rows of `layout.row_len` slots, a multiple of `layout.micro_rows` rows; the
+    outputs are sharded like the batch rows and are zero wherever no token is scored (only the
+    trained tokens are: no loss reads the others). The forward runs one micro-batch of
+    `layout.micro_rows` rows at a time (`lax.scan`), which bounds activation memory (attention
+    scores grow with rows × L²) whatever the rollout batch's size; empty micro-batches are skipped.
     """
-    if micro_batches < 1 or batch_size % micro_batches:
-        raise ValueError(
-            f"micro_batches must be >= 1 and divide batch_size {batch_size}, got {micro_batches}"
-        )
     act_rules = activation_rules(rules, mesh, model_cfg)
-    batch_sharding(mesh, act_rules, batch_size // micro_batches, ndim=1)  # clear error if uneven
-    fields = LOGPROB_FIELDS
-    in_batch = batch_shardings(mesh, act_rules, batch_size, fields)
-    out = batch_sharding(mesh, act_rules, batch_size, ndim=2)
+    micro_rows = layout.micro_rows
+    batch_sharding(mesh, act_rules, micro_rows, ndim=1)  # clear error if uneven
+    in_batch = batch_shardings(mesh, act_rules, micro_rows, LOGPROB_FIELDS)
+    out = batch_sharding(mesh, act_rules, micro_rows, ndim=2)
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
     forward = functools.partial(
         token_stats,
@@ -217,12 +249,16 @@ def make_logprob_fn(
     def fn(params, batch):
         temperature = batch["temperature"]
         rows = {f: batch[f] for f in MODEL_INPUT_FIELDS + ("loss_mask",)}
-        if micro_batches == 1:
-            return forward(params, {**rows, "temperature": temperature})[:2]
-        micro = split_micro(rows, micro_batches, row_sh)
-        logp, ent = jax.lax.map(
-            lambda mb: forward(params, {**mb, "temperature": temperature})[:2], micro
-        )
+        m = micro_batch_count(rows["tokens"].shape[0], micro_rows)
+        run = lambda mb: forward(params, {**mb, "temperature": temperature})[:2]
+        if m == 1:
+            return run(rows)
+
+        def body(_, mb):
+            zeros = lambda mb: (jnp.zeros(mb["tokens"].shape, jnp.float32),) * 2
+            return None, jax.lax.cond(has_tokens(mb), run, zeros, mb)
+
+        _, (logp, ent) = jax.lax.scan(body, None, split_micro(rows, m, row_sh))
         return unsplit_micro(logp), unsplit_micro(ent)
 
     jitted = jax.jit(
@@ -230,4 +266,4 @@ def make_logprob_fn(
         in_shardings=(model_param_shardings(model_cfg, mesh, rules), in_batch),
         out_shardings=(out, out),
     )
-    return LogprobFn(jitted, dict(in_batch))
+    return LogprobFn(jitted, dict(in_batch), layout)

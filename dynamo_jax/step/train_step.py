@@ -9,23 +9,29 @@
 over the `act_batch` axes, metrics replicated) and the state donated (argument 0): the caller
 must not reuse the `state` it passed in.
 
+Micro-batches hold B / M rows ("micro_rows"). A batch of any multiple k of micro_rows rows runs as
+k micro-batches, and one of at most micro_rows rows as one (jax.jit compiles once per distinct
+row count): with packed rows the row count of a mini-batch varies, and the loop rounds it to a
+few values (data/packing.py); a micro-batch with no token is skipped. Micro-batch m takes rows m, m + k, m + 2k, ... (`forward.split_micro`):
+each device's contiguous rows then contribute equally to every micro-batch, so splitting moves
+no data.
+
 Whole-mini-batch semantics under gradient accumulation (ALGORITHM.md §3, §4.3): the loss
 normaliser and the modulation statistics (H_min, H_max, max Ξ, baseline thresholds) are those of
-the WHOLE mini-batch on all devices. With M > 1 micro-batches the step therefore first runs a
+the WHOLE mini-batch on all devices. With k > 1 micro-batches the step therefore first runs a
 forward-only pass over all micro-batches (`lax.scan`) to get the per-token log π/H/K of the
 mini-batch, computes `minibatch_stats` once, then scans again accumulating gradients (float32)
 of each micro-batch's loss, which the losses already divide by the mini-batch normaliser. So the
-update does not depend on M, at the cost of one extra forward pass (~1/3 more compute) when
-M > 1; with M = 1 the statistics come from the same forward, under stop-gradient.
-
-Micro-batch m takes rows m, m + M, m + 2M, ... (`forward.split_micro`): each device's
-contiguous rows then contribute equally to every micro-batch, so splitting moves no data.
+update does not depend on the split, at the cost of one extra forward pass (~1/3 more compute)
+when k > 1; with one micro-batch the statistics come from the same forward, under stop-gradient.
+Rows may hold several sequences (segment ids): every per-sequence quantity is per segment
+(losses/batch.py), so packed and padded batches give the same update.
 
 The loss variant (losses/registry.py) is looked up once here: it decides whether the log-prob
-pass also returns K, and whether the step draws Clip-Cov's per-token U[0, 1) noise. That noise
-comes from `seed` folded with the state's update counter on the device, drawn for the whole
-mini-batch before any micro-batch split, so the loop knows nothing about it and the pick does not
-depend on how the mini-batch is split or sharded.
+pass also returns K, and whether the step draws per-token U[0, 1) noise (Clip-Cov's random pick).
+A token's noise is a function of the step's key (`seed` folded with the state's update counter)
+and of (its sequence's index in the mini-batch, its position in that sequence) alone
+(`token_noise`), so the pick does not depend on how the mini-batch is packed, split or sharded.
 
 Non-finite loss or gradients: the update is not applied (params, optimizer state and `step` are
 kept via `jnp.where` on a finite flag) and `metrics["update_skipped"]` is 1; the training loop
@@ -61,6 +67,8 @@ from dynamo_jax.step.forward import (
     TRAIN_FIELDS,
     activation_rules,
     batch_shardings,
+    has_tokens,
+    micro_batch_count,
     split_micro,
     token_stats,
     unsplit_micro,
@@ -84,12 +92,25 @@ NOISE_STREAM = 1  # folded into the step key for Clip-Cov's token pick
 def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
     """The batch fields the step reads for this loss (forward.py documents each).
 
-    `ref_logp` is needed when the loss has a KL penalty; a variant may ask for more.
+    `ref_logp` is needed when the loss has a KL penalty, `sequence_index` when the variant draws
+    per-token noise; a variant may ask for more.
     """
-    fields = TRAIN_FIELDS + registry.get(loss_cfg.baseline).batch_fields
+    variant = registry.get(loss_cfg.baseline)
+    fields = TRAIN_FIELDS + variant.batch_fields
     if loss_cfg.kl != "none":
         fields += ("ref_logp",)
+    if variant.needs_noise:
+        fields += ("sequence_index",)
     return fields
+
+
+def token_noise(key: Array, sequence_index_BxL: Array, position_BxL: Array) -> Array:
+    """float32 U[0, 1) per token: uniform(fold_in(fold_in(key, sequence index), position)).
+
+    A function of the token's identity alone, never of where it sits in the batch's rows.
+    """
+    draw = lambda s, p: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, s), p))
+    return jax.vmap(jax.vmap(draw))(sequence_index_BxL, position_BxL)
 
 
 def _token_batch(rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | None) -> TokenBatch:
@@ -105,6 +126,7 @@ def _token_batch(rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | 
         k=k,
         ref_logp=rows.get("ref_logp"),
         noise=rows.get("noise"),
+        segment_ids=rows["segment_ids"],
     )
 
 
@@ -126,7 +148,7 @@ def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> Tr
     )
 
 
-def _make_compute_grads(forward, loss_cfg: LossConfig, micro_batches: int, row_sh, params_sh):
+def _make_compute_grads(forward, loss_cfg: LossConfig, micro_rows: int, row_sh, params_sh):
     """`compute(params, rows, temperature) -> (loss, metrics, grads)` for the whole mini-batch.
 
     `forward(params, batch) -> (logp, ent, k)` is `token_stats` bound to the model and mesh.
@@ -146,31 +168,47 @@ def _make_compute_grads(forward, loss_cfg: LossConfig, micro_batches: int, row_s
         (loss, metrics), grads = grad_fn(params, rows, temperature, None)
         return loss, metrics, grads
 
-    def accumulated(params, rows, temperature):
-        micro = split_micro(rows, micro_batches, row_sh)
+    def accumulated(params, rows, temperature, m):
+        micro = split_micro(rows, m, row_sh)
+        run = lambda mb: forward(params, {**mb, "temperature": temperature})
+        first = jax.tree.map(lambda x: x[0], micro)
+        empty_stats = jax.tree.map(jnp.zeros_like, jax.eval_shape(run, first))
+
         # Pass 1, forward only: the mini-batch statistics every micro-batch's loss needs.
-        _, (logp, ent, k) = lax.scan(
-            lambda _, mb: (None, forward(params, {**mb, "temperature": temperature})), None, micro
-        )
+        def forward_only(_, mb):
+            return None, lax.cond(has_tokens(mb), run, lambda mb: empty_stats, mb)
+
+        _, (logp, ent, k) = lax.scan(forward_only, None, micro)
         k = None if k is None else unsplit_micro(k)
         stats = minibatch_stats(
             _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k), loss_cfg
         )
+        aux_shape = jax.eval_shape(lambda mb: grad_fn(params, mb, temperature, stats)[0], first)
+        no_aux = jax.tree.map(jnp.zeros_like, aux_shape)
 
         # Pass 2: float32 gradient sums; each micro-batch loss is already over the whole batch.
         def accumulate(acc, mb):
-            (loss, metrics), g = grad_fn(params, mb, temperature, stats)
-            return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g), (loss, metrics)
+            def real(acc, mb):
+                aux, g = grad_fn(params, mb, temperature, stats)
+                return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g), aux
+
+            return lax.cond(has_tokens(mb), real, lambda acc, mb: (acc, no_aux), acc, mb)
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         acc, (losses, metrics) = lax.scan(
             accumulate, lax.with_sharding_constraint(zeros, params_sh), micro
         )
         grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
-        per_micro = [jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(micro_batches)]
+        per_micro = [jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(m)]
         return jnp.sum(losses), functools.reduce(combine_metrics, per_micro), grads
 
-    return single if micro_batches == 1 else accumulated
+    def compute(params, rows, temperature):
+        m = micro_batch_count(rows["tokens"].shape[0], micro_rows)
+        if m == 1:
+            return single(params, rows, temperature)
+        return accumulated(params, rows, temperature, m)
+
+    return compute
 
 
 def make_train_step(
@@ -188,8 +226,10 @@ def make_train_step(
     """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
 
     Returns a `TrainStep` (fn, state_shardings, batch_shardings; it unpacks like a tuple).
-    `seed` keys the variant's on-device randomness. `batch_size` is the global mini-batch size (rows); it and each
-    micro-batch (batch_size / micro_batches rows) must split evenly over the `act_batch` axes.
+    `seed` keys the variant's on-device randomness. `batch_size` is the mini-batch's row count the
+    step is built for, run as `micro_batches` micro-batches of batch_size / micro_batches rows
+    (which must split evenly over the `act_batch` axes); the step also takes any other multiple
+    of that micro-batch size (module docstring).
     Metrics: `finalize_metrics` of the losses (loss, pg_loss, clip fractions, β means, entropy
     mean/min/max, tokens, ...) plus `grad_norm` (before clipping) and `update_skipped`.
     `loss_cfg.logits_residual` picks what the log-prob backward keeps (losses/logprobs.py):
@@ -200,7 +240,8 @@ def make_train_step(
             f"micro_batches must be >= 1 and divide batch_size {batch_size}, got {micro_batches}"
         )
     act_rules = activation_rules(rules, mesh, model_cfg)
-    batch_sharding(mesh, act_rules, batch_size // micro_batches, ndim=1)  # clear error if uneven
+    micro_rows = batch_size // micro_batches
+    batch_sharding(mesh, act_rules, micro_rows, ndim=1)  # clear error if uneven
     state_sh = train_state_shardings(model_cfg, optimizer, mesh, rules)
     batch_sh = batch_shardings(mesh, act_rules, batch_size, train_fields(loss_cfg))
     forward = functools.partial(
@@ -213,16 +254,16 @@ def make_train_step(
         logits_residual=loss_cfg.logits_residual,
     )
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
-    compute_grads = _make_compute_grads(forward, loss_cfg, micro_batches, row_sh, state_sh.params)
+    compute_grads = _make_compute_grads(forward, loss_cfg, micro_rows, row_sh, state_sh.params)
 
     variant = registry.get(loss_cfg.baseline)
     noise_key = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
 
     def step(state: TrainState, batch: dict[str, Array]):
         rows = {k: v for k, v in batch.items() if k != "temperature"}
-        if variant.needs_noise:  # one draw per update, over the whole mini-batch
+        if variant.needs_noise:  # one key per update; each token's draw is its own
             key = jax.random.fold_in(noise_key, state.step)
-            noise = jax.random.uniform(key, rows["tokens"].shape, jnp.float32)
+            noise = token_noise(key, rows.pop("sequence_index"), rows["positions"])
             rows["noise"] = lax.with_sharding_constraint(noise, batch_sh["tokens"])
         loss, metrics, grads = compute_grads(state.params, rows, batch["temperature"])
         grads = lax.with_sharding_constraint(grads, state_sh.params)
