@@ -10,14 +10,16 @@ step budget (a few minutes on 2 CPU cores). `method` picks the recipe at equal r
 dynamo (default: water-level allocation + GC/UMS modulation), grpo (uniform allocation, plain
 clipped surrogate), e3 (rank allocation with curriculum + entropy-holding temperature), and the
 two halves of DynaMO alone (Table 2's ablations at tiny scale): dynamo_no_dra (uniform allocation,
-GC/UMS loss) and dynamo_no_modulation (water-level allocation, plain clipped surrogate).
+GC/UMS loss) and dynamo_no_modulation (water-level allocation, plain clipped surrogate), and
+grpo_dynamic_sampling (GRPO with DAPO's dynamic sampling: groups whose rewards are all equal are
+dropped and more prompts drawn, so a step generates more than the budget; `dynamic/*` metrics).
 `task` picks the synthetic op (data/synthetic.py): max (default: 25 problems sharing one skill)
 or mixed (55 copy/max/min problems: three skills, every answer digit equally common).
 """
 
 from configs import base
 
-METHODS = ("dynamo", "grpo", "e3", "dynamo_no_dra", "dynamo_no_modulation")
+METHODS = ("dynamo", "grpo", "e3", "dynamo_no_dra", "dynamo_no_modulation", "grpo_dynamic_sampling")
 TASKS = ("max", "mixed")
 
 
@@ -52,6 +54,7 @@ def get_config(arg: str | None = None):
         "e3": base.allocation("e3", n_avg=8, g_min=4, g_max=12),
         "dynamo_no_dra": uniform_allocation,
         "dynamo_no_modulation": dynamo_allocation,
+        "grpo_dynamic_sampling": uniform_allocation,
     }[method]
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps here; with the paper's 1.0 early failures of now-solved prompts
@@ -70,7 +73,11 @@ def get_config(arg: str | None = None):
     # reference) drop a digit for good (p = 1.00 on a wrong one) in 2 of 4 seeds; 5e-4 learnt
     # all 55 problems in both seeds tried, so it is mixed's rate, for every method alike.
     config.optim = base.optim(learning_rate=1e-3 if task == "max" else 5e-4)
-    config.train = base.train(steps=steps, prompts_per_step=16, mini_batch_size=64)
+    # grpo_dynamic_sampling: rounds of 16 prompts until 16 groups have a reward signal
+    dynamic = method == "grpo_dynamic_sampling"
+    config.train = base.train(
+        steps=steps, prompts_per_step=16, mini_batch_size=64, dynamic_sampling=dynamic
+    )
     config.checkpoint = base.checkpoint(every_steps=20)
     config.eval = base.evaluation(every_steps=50, n_samples=4, ks=(1, 4), max_problems=0)
     config.logging = base.logging()

@@ -26,6 +26,7 @@ from dynamo_jax.rollout.config import JaxEngineConfig, RolloutConfig
 from dynamo_jax.sharding.mesh import MeshConfig
 
 LR_SCHEDULES = ("constant", "cosine")
+OLD_LOGP_SOURCES = ("trainer", "engine")
 
 
 def _positive(section: str, obj: Any, *names: str) -> None:
@@ -47,14 +48,40 @@ class TrainConfig:
     ppo_epochs: int = 1  # passes over the batch's mini-batches
     max_consecutive_nonfinite: int = 3  # stop after this many skipped (NaN/Inf) updates in a row
     shuffle_mini_batches: bool = True  # permute responses (keyed by seed, step) before splitting
+    # k >= 1: step t+k's batch is requested (prompts, n_i, temperature, seed fixed) before step
+    # t's update and sampled by the weights the engine holds then (version t-1); the vLLM sidecar
+    # generates it in the background, the embedded JAX engine at once (same data, no overlap).
+    max_staleness: int = 0  # 0 = synchronous on-policy loop; a batch staler than this is an error
+    old_logp_source: str = "trainer"  # π_old under lag: "trainer" (forward with the generating version's params) or "engine" (its sampled-token log-probs)
+    dynamic_sampling: bool = (
+        False  # DAPO: drop groups whose rewards are all equal, sample more prompts
+    )
+    max_sampling_rounds: int = (
+        10  # dynamic sampling: generation rounds per step at most (verl's DAPO default)
+    )
 
     def __post_init__(self):
         _positive("train", self, "steps", "prompts_per_step", "mini_batch_size", "micro_batches")
-        _positive("train", self, "ppo_epochs", "max_consecutive_nonfinite")
+        _positive("train", self, "ppo_epochs", "max_consecutive_nonfinite", "max_sampling_rounds")
         if self.mini_batch_size % self.micro_batches:
             raise ValueError(
                 f"train.micro_batches ({self.micro_batches}) must divide train.mini_batch_size "
                 f"({self.mini_batch_size})"
+            )
+        if self.max_staleness < 0:
+            raise ValueError(f"train.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.old_logp_source not in OLD_LOGP_SOURCES:
+            raise ValueError(
+                f"train.old_logp_source must be one of {OLD_LOGP_SOURCES}, got "
+                f"{self.old_logp_source!r}"
+            )
+        if self.dynamic_sampling and self.max_staleness:
+            # The extra rounds depend on the first round's rewards, so they could only be sampled
+            # on the step's critical path by a newer version than the first round.
+            raise ValueError(
+                "train.dynamic_sampling needs train.max_staleness = 0 (later rounds wait for the "
+                f"first round's rewards, so they cannot be generated ahead); got max_staleness "
+                f"{self.max_staleness}"
             )
 
 
@@ -234,6 +261,12 @@ def check_cross_fields(run: RunConfig) -> None:
         raise ValueError(
             f"temperature.vocab_size ({temp.vocab_size}) must equal model.vocab_size "
             f"({run.model.vocab_size}): the E3 gain uses the policy's |V|"
+        )
+    if train.old_logp_source == "engine" and (run.rollout.top_p < 1.0 or run.rollout.top_k != -1):
+        raise ValueError(
+            "train.old_logp_source='engine' needs rollout.top_p = 1 and rollout.top_k = -1: the "
+            "engine's log-probs are of the top-k/top-p restricted distribution, the trainer's of "
+            f"the full tempered softmax (got top_p {run.rollout.top_p}, top_k {run.rollout.top_k})"
         )
     if temp.anneal and temp.total_steps != train.steps:
         raise ValueError(

@@ -21,6 +21,10 @@ def test_every_section_maps_to_a_frozen_dataclass():
     [
         (C.TrainConfig, dict(steps=0), "train.steps"),
         (C.TrainConfig, dict(mini_batch_size=6, micro_batches=4), "train.micro_batches"),
+        (C.TrainConfig, dict(max_staleness=-1), "train.max_staleness"),
+        (C.TrainConfig, dict(old_logp_source="vllm"), "train.old_logp_source"),
+        (C.TrainConfig, dict(max_sampling_rounds=0), "train.max_sampling_rounds"),
+        (C.TrainConfig, dict(dynamic_sampling=True, max_staleness=1), "train.dynamic_sampling"),
         (C.OptimConfig, dict(schedule="linear"), "optim.schedule"),
         (C.OptimConfig, dict(b2=1.0), "optim.b2"),
         (C.OptimConfig, dict(learning_rate=0.0), "optim.learning_rate"),
@@ -53,3 +57,16 @@ def test_parse_arg_of_config_files():
     }
     with pytest.raises(ValueError, match="basline"):
         parse_arg("basline=grpo", baseline="dynamo")
+
+
+def test_engine_log_probs_need_the_full_tempered_distribution():
+    """vLLM's processed log-probs are of the top-k/top-p restricted distribution, the trainer's
+    of the full softmax: as π_old they would compare two distributions."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.train.old_logp_source = "engine"
+    C.from_config_dict(config)  # top_p 1, top_k off: accepted
+    config.rollout.top_p = 0.9
+    with pytest.raises(ValueError, match=r"train\.old_logp_source='engine' needs rollout\.top_p"):
+        C.from_config_dict(config)

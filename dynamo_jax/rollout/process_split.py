@@ -113,6 +113,14 @@ class ProcessSplitEngine:
         return self.local.weight_version
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Completion]:
+        return self.finish_generate(requests, self.generate_local(requests, sampling))
+
+    def update_weights(self, params: Any, version: int) -> None:
+        self.local.update_weights(params, version)
+
+    # -- the two halves of a call, for rollout/background.py (generation beside training) ------
+    def generate_local(self, requests: Sequence[Request], sampling: SamplingParams) -> list:
+        """This process's slice, from its own engine (no collective)."""
         mine = list(requests[request_slice(requests, jax.process_index(), jax.process_count())])
         local = self.local.generate(mine, sampling) if mine else []
         self.last_local_samples = len(local)
@@ -121,10 +129,17 @@ class ProcessSplitEngine:
                 f"process {jax.process_index()}: local engine returned {len(local)} completions "
                 f"for {sum(r.n for r in mine)} samples"
             )
+        return local
+
+    def finish_generate(self, requests: Sequence[Request], local: list) -> list[Completion]:
+        """Every process's slice, all-gathered (a collective: call on every process)."""
         return gather_completions(local, requests)
 
-    def update_weights(self, params: Any, version: int) -> None:
-        self.local.update_weights(params, version)
+    def export_weights(self, params: Any, version: int) -> Any:
+        return self.local.export_weights(params, version)
+
+    def load_weights(self, exported: Any) -> None:
+        self.local.load_weights(exported)
 
     def close(self) -> None:
         self.local.close()

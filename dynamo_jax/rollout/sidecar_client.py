@@ -341,6 +341,19 @@ class VLLMSidecarEngine:
         Multi-host: every process runs its own sidecar and must call this at the same time (the
         gather of sharded parameters is a collective); see rollout/process_split.py.
         """
+        self.load_weights(self.export_weights(params, version))
+
+    # -- the two halves of a call, for rollout/background.py (generation beside training) ------
+    def generate_local(self, requests: Sequence[Request], sampling: SamplingParams) -> list:
+        return self.generate(requests, sampling)
+
+    def finish_generate(self, requests: Sequence[Request], local: list) -> list[Completion]:
+        return local
+
+    def export_weights(self, params: Any, version: int) -> tuple[Path, int, float]:
+        """`update_weights`' export (reads `params`; collective on several processes): the
+        pushed directory, its version and the export's seconds. Touches no sidecar state, so it
+        may run while another thread waits on a generate."""
         if self.model_cfg is None:
             raise ValueError(
                 "VLLMSidecarEngine was built with model_cfg=None: it can push HF tensors "
@@ -355,7 +368,11 @@ class VLLMSidecarEngine:
             version,
             self.config.dtype,
         )
-        self._push_and_time(directory, version, export_s)
+        return directory, int(version), export_s
+
+    def load_weights(self, exported: tuple[Path, int, float]) -> None:
+        """`update_weights`' reload of an `export_weights` directory in the sidecar."""
+        self._push_and_time(*exported)
 
     def close(self) -> None:
         """Shut the sidecar down (kill its group if it does not exit) and free the pushed files."""
