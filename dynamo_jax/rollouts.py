@@ -150,7 +150,7 @@ def resample(
         check_versions(step, batch_plan, completions, 0)
         rewards, shares = score(task, completions, len(completions), t)
         for key, seconds in t.items():
-            timings[key] += seconds
+            timings[key] = timings.get(key, 0.0) + seconds
         return dynamic_sampling.Round(batch_plan, completions, rewards, shares)
 
     n = len(rollouts.completions)
