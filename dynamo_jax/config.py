@@ -38,7 +38,15 @@ def _positive(section: str, obj: Any, *names: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The RL loop's shape: steps, batch, optimizer mini-batches, failure limits."""
+    """The RL loop's shape: steps, batch, optimizer mini-batches, failure limits, and how far
+    rollouts may run ahead of training.
+
+    `max_staleness` = k >= 1: step t requests step t+k's batch (prompts, n_i, temperature and seed
+    fixed then) before its own update, sampled by the weights the engine holds then (version
+    t-1). The vLLM sidecar generates it in the background while the trainer trains; the
+    embedded JAX engine shares the trainer's devices and generates it at once, before the update
+    (the same batches and arithmetic, no overlap). rollout/pipeline.py has the details.
+    """
 
     seed: int = 0  # every random stream derives from (seed, step)
     steps: int = 100  # RL steps (one rollout batch each)
@@ -48,17 +56,10 @@ class TrainConfig:
     ppo_epochs: int = 1  # passes over the batch's mini-batches
     max_consecutive_nonfinite: int = 3  # stop after this many skipped (NaN/Inf) updates in a row
     shuffle_mini_batches: bool = True  # permute responses (keyed by seed, step) before splitting
-    # k >= 1: step t+k's batch is requested (prompts, n_i, temperature, seed fixed) before step
-    # t's update and sampled by the weights the engine holds then (version t-1); the vLLM sidecar
-    # generates it in the background, the embedded JAX engine at once (same data, no overlap).
-    max_staleness: int = 0  # 0 = synchronous on-policy loop; a batch staler than this is an error
-    old_logp_source: str = "trainer"  # π_old under lag: "trainer" (forward with the generating version's params) or "engine" (its sampled-token log-probs)
-    dynamic_sampling: bool = (
-        False  # DAPO: drop groups whose rewards are all equal, sample more prompts
-    )
-    max_sampling_rounds: int = (
-        10  # dynamic sampling: generation rounds per step at most (verl's DAPO default)
-    )
+    max_staleness: int = 0  # k: rollouts k versions ahead (0 = synchronous; JAX: no overlap)
+    old_logp_source: str = "trainer"  # π_old: "trainer" (generating version's params) | "engine"
+    dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, draw more prompts
+    max_sampling_rounds: int = 10  # dynamic sampling: rounds per step at most (verl's default)
 
     def __post_init__(self):
         _positive("train", self, "steps", "prompts_per_step", "mini_batch_size", "micro_batches")
