@@ -18,7 +18,8 @@ to the allocation or to the loss, and DynaMO with the allocation its authors' sc
 (dynamo_as_run). `--methods` takes any method of configs/tiny.py, e.g. the allocation options
 of ALGORITHM.md §5b (dynamo_posterior, dynamo_std, dynamo_entropy, dynamo_posterior_std).
 Target from the issue: DynaMO <= 0.8x
-GRPO steps to 0.9. `--diagnose` also prints, for every run, the problems whose final greedy
+GRPO steps to 0.9. `grpo_dynamic_sampling` (GRPO + DAPO's dynamic sampling) generates more
+rollouts than the budget per step: the last column (rollouts generated per step) is its cost. `--diagnose` also prints, for every run, the problems whose final greedy
 answer is wrong (the final policy's first-token distribution per problem). `--warm_start K`
 starts every run from the policy GRPO reaches in K steps (one shared run, exported as an HF
 directory): the regime of the papers, which fine-tune pretrained models that already solve
@@ -131,9 +132,17 @@ def run_one(
         config.temperature.total_steps = steps
     run_cfg = from_config_dict(config)
     train.run(run_cfg, Path(workdir))
-    rewards = [r[METRIC] for r in read_metrics(Path(workdir))]
+    records = read_metrics(Path(workdir))
+    rewards = [r[METRIC] for r in records]
+    # Rollouts generated per step: the budget, or more with dynamic sampling (its extra rounds).
+    generated = [r.get("dynamic/rollouts_generated", run_cfg.budget) for r in records]
     wrong = wrong_problems(Path(workdir), run_cfg) if diagnose else []
-    return {"rewards": rewards, "wrong": wrong, "seconds": time.perf_counter() - t0}
+    return {
+        "rewards": rewards,
+        "generated": generated,
+        "wrong": wrong,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def tiny_methods() -> tuple[str, ...]:
@@ -201,7 +210,8 @@ def main() -> None:
             hits = [steps_to_target(res["rewards"], t) for t in targets]
             print(
                 f"{method:21s} seed {seed}: steps to {targets} = {hits}, final 10-step reward "
-                f"{np.mean(res['rewards'][-10:]):.3f} ({res['seconds']:.0f} s)",
+                f"{np.mean(res['rewards'][-10:]):.3f}, {np.mean(res['generated']):.0f} rollouts "
+                f"generated per step ({res['seconds']:.0f} s)",
                 flush=True,
             )
             if res["wrong"]:
@@ -220,7 +230,9 @@ def main() -> None:
         f"{args.steps} steps, equal budget; a miss counts as {args.steps + 1}); ratio to GRPO; "
         "misses:"
     )
-    print(f"  {'method':21s}" + "".join(f"   to {t:<17}" for t in targets) + "  final")
+    print(
+        f"  {'method':21s}" + "".join(f"   to {t:<17}" for t in targets) + "  final  rollouts/step"
+    )
     for method in methods:
         cells = []
         for target in targets:
@@ -228,7 +240,10 @@ def main() -> None:
             ref, _ = median_steps("grpo", target)
             cells.append(f"{med:6.1f} {med / ref:5.2f}x  {misses}/{args.seeds}  ")
         final = np.median([np.mean(results[method, s]["rewards"][-10:]) for s in range(args.seeds)])
-        print(f"  {method:21s}   " + "".join(cells) + f"{final:.3f}")
+        # Dynamic sampling generates more than the budget per step: steps to a target are then
+        # not samples to it.
+        per_step = np.median([np.mean(results[method, s]["generated"]) for s in range(args.seeds)])
+        print(f"  {method:21s}   " + "".join(cells) + f"{final:.3f}  {per_step:.0f}")
 
 
 if __name__ == "__main__":

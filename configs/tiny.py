@@ -15,6 +15,9 @@ DynaMO with another allocation, same GC/UMS loss: dynamo_as_run (the authors' sc
 allocation, ALGORITHM.md §5 "Code differs"), and the paper-derivation options of ALGORITHM.md
 §5b: dynamo_posterior (Beta(1, 1) posterior priority), dynamo_std (n_i ∝ σ_i), dynamo_entropy
 (σ_i scaled by the entropy factor) and dynamo_posterior_std (both of the first two).
+And grpo_dynamic_sampling (GRPO with DAPO's dynamic sampling: groups whose rewards are all
+equal are dropped and more prompts drawn, so a step generates more than the budget;
+`dynamic/*` metrics).
 `task` picks the synthetic op (data/synthetic.py): max (default: 25 problems sharing one skill)
 or mixed (55 copy/max/min problems: three skills, every answer digit equally common).
 """
@@ -32,6 +35,7 @@ METHODS = (
     "dynamo_std",
     "dynamo_entropy",
     "dynamo_posterior_std",
+    "grpo_dynamic_sampling",
 )
 # DynaMO allocation options (ALGORITHM.md §5b) by method; all else is the `dynamo` method's
 VARIANTS = {
@@ -82,6 +86,7 @@ def get_config(arg: str | None = None):
         # target b = max(n_low, 4) is n_low as in their run; cumulative counts (no decay).
         "dynamo_as_run": base.allocation("dynamo_as_run", n_avg=8, g_min=4, g_max=12),
         **variants,
+        "grpo_dynamic_sampling": uniform_allocation,
     }[method]
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps here; with the paper's 1.0 early failures of now-solved prompts
@@ -94,14 +99,18 @@ def get_config(arg: str | None = None):
         else base.temperature("fixed", 1.0)
     )
     # GC/UMS modulation for every DynaMO method but dynamo_no_modulation; plain GRPO otherwise
-    plain = method in ("grpo", "e3", "dynamo_no_modulation")
+    plain = method in ("grpo", "e3", "dynamo_no_modulation", "grpo_dynamic_sampling")
     config.loss = base.loss("grpo" if plain else "dynamo")
     config.mesh = base.mesh((1, 1, 1))  # one CPU device
     # A random tiny model needs a large step size. On mixed, 1e-3 made GRPO (the benchmark's
     # reference) drop a digit for good (p = 1.00 on a wrong one) in 2 of 4 seeds; 5e-4 learnt
     # all 55 problems in both seeds tried, so it is mixed's rate, for every method alike.
     config.optim = base.optim(learning_rate=1e-3 if task == "max" else 5e-4)
-    config.train = base.train(steps=steps, prompts_per_step=16, mini_batch_size=64)
+    # grpo_dynamic_sampling: rounds of 16 prompts until 16 groups have a reward signal
+    dynamic = method == "grpo_dynamic_sampling"
+    config.train = base.train(
+        steps=steps, prompts_per_step=16, mini_batch_size=64, dynamic_sampling=dynamic
+    )
     config.checkpoint = base.checkpoint(every_steps=20)
     config.eval = base.evaluation(every_steps=50, n_samples=4, ks=(1, 4), max_problems=0)
     config.logging = base.logging()

@@ -27,6 +27,7 @@ from dynamo_jax.rollout.config import JaxEngineConfig, RolloutConfig
 from dynamo_jax.sharding.mesh import MeshConfig
 
 LR_SCHEDULES = ("constant", "cosine")
+OLD_LOGP_SOURCES = ("trainer", "engine")
 
 
 def _positive(section: str, obj: Any, *names: str) -> None:
@@ -38,7 +39,15 @@ def _positive(section: str, obj: Any, *names: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The RL loop's shape: steps, batch, optimizer mini-batches, failure limits."""
+    """The RL loop's shape: steps, batch, optimizer mini-batches, failure limits, and how far
+    rollouts may run ahead of training.
+
+    `max_staleness` = k >= 1: step t requests step t+k's batch (prompts, n_i, temperature and seed
+    fixed then) before its own update, sampled by the weights the engine holds then (version
+    t-1). The vLLM sidecar generates it in the background while the trainer trains; the
+    embedded JAX engine shares the trainer's devices and generates it at once, before the update
+    (the same batches and arithmetic, no overlap). rollout/pipeline.py has the details.
+    """
 
     seed: int = 0  # every random stream derives from (seed, step); in [0, 2**32)
     steps: int = 100  # RL steps (one rollout batch each)
@@ -58,6 +67,10 @@ class TrainConfig:
     # micro-batch holds max_tokens_per_micro_batch // pack_len rows per device, for the update
     # and the old-log-prob pass; 0 = micro_batches' fixed split (mini_batch_size / micro_batches rows).
     max_tokens_per_micro_batch: int = 0
+    max_staleness: int = 0  # k: rollouts k versions ahead (0 = synchronous; JAX: no overlap)
+    old_logp_source: str = "trainer"  # π_old: "trainer" (generating version's params) | "engine"
+    dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, draw more prompts
+    max_sampling_rounds: int = 10  # dynamic sampling: rounds per step at most (verl's default)
 
     def __post_init__(self):
         # NumPy's SeedSequence and vLLM's seeding (np.random.seed) take only non-negative seeds
@@ -65,7 +78,7 @@ class TrainConfig:
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"train.seed must be an int in [0, 2**32), got {self.seed!r}")
         _positive("train", self, "steps", "prompts_per_step", "mini_batch_size", "micro_batches")
-        _positive("train", self, "ppo_epochs", "max_consecutive_nonfinite")
+        _positive("train", self, "ppo_epochs", "max_consecutive_nonfinite", "max_sampling_rounds")
         if self.mini_batch_size % self.micro_batches:
             raise ValueError(
                 f"train.micro_batches ({self.micro_batches}) must divide train.mini_batch_size "
@@ -81,6 +94,21 @@ class TrainConfig:
                 "train.max_tokens_per_micro_batch (a token budget), not both: got "
                 f"micro_batches={self.micro_batches}, "
                 f"max_tokens_per_micro_batch={self.max_tokens_per_micro_batch}"
+            )
+        if self.max_staleness < 0:
+            raise ValueError(f"train.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.old_logp_source not in OLD_LOGP_SOURCES:
+            raise ValueError(
+                f"train.old_logp_source must be one of {OLD_LOGP_SOURCES}, got "
+                f"{self.old_logp_source!r}"
+            )
+        if self.dynamic_sampling and self.max_staleness:
+            # The extra rounds depend on the first round's rewards, so they could only be sampled
+            # on the step's critical path by a newer version than the first round.
+            raise ValueError(
+                "train.dynamic_sampling needs train.max_staleness = 0 (later rounds wait for the "
+                f"first round's rewards, so they cannot be generated ahead); got max_staleness "
+                f"{self.max_staleness}"
             )
 
 
@@ -272,6 +300,12 @@ def check_cross_fields(run: RunConfig) -> None:
         raise ConfigError(
             f"temperature.vocab_size ({temp.vocab_size}) must equal model.vocab_size "
             f"({run.model.vocab_size}): the E3 gain uses the policy's |V|"
+        )
+    if train.old_logp_source == "engine" and (run.rollout.top_p < 1.0 or run.rollout.top_k != -1):
+        raise ValueError(
+            "train.old_logp_source='engine' needs rollout.top_p = 1 and rollout.top_k = -1: the "
+            "engine's log-probs are of the top-k/top-p restricted distribution, the trainer's of "
+            f"the full tempered softmax (got top_p {run.rollout.top_p}, top_k {run.rollout.top_k})"
         )
     if temp.anneal and temp.total_steps != train.steps:
         raise ConfigError(

@@ -2,15 +2,21 @@
 
 One step, top to bottom (`rl_step`), as in DESIGN.md "One training step, as data":
 1. the data iterator hands out N dataset rows; the allocator splits the budget B = N · n_avg into
-   n_i per prompt; the temperature scheduler gives τ;
+   n_i per prompt; the temperature scheduler gives τ (`request`: a `BatchPlan`);
 2. the rollout engine samples n_i completions per prompt at τ (seed derived from (seed, step));
-3. the task scores them (binary verdicts);
+3. the task scores them (binary verdicts); with dynamic sampling, more rounds of prompts until
+   N groups with a reward signal are in (dynamic_sampling.py);
 4. GRPO advantages per prompt-id group (variable group sizes);
-5. the trainer recomputes old log-probs (and entropy) at τ with its own forward;
+5. the trainer computes log-probs (and entropy) at τ with its own forward: π_old when the batch
+   is on-policy, else π_old is the behaviour policy (`behaviour_logprobs`);
 6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches;
    (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
    train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
 7. allocator history and temperature scheduler are updated, weights pushed to the engine.
+With `train.max_staleness` = k ≥ 1, step t requests the batch of step t+k (steps 1-2 for it)
+before its own update and trains on the batch step t−k requested: rollout/pipeline.py states the
+versions, the off-policy arithmetic and what is checked; rollout/background.py how the vLLM
+sidecar generates while the trainer trains. k = 0 is the synchronous loop above.
 `run` wraps steps with checkpointing (every M steps, at the end, on Ctrl-C), evaluation every K
 steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
 after `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
@@ -38,15 +44,16 @@ whole rollout batch. The rules that keep the processes in lock step:
 - Ctrl-C on any process stops every process after the same step (the flag is all-gathered).
 
 Exact resume: every random stream is a function of (train.seed, step): the rollout seed, the
-mini-batch permutation, the data order (the iterator's own state is checkpointed). A run killed
-at any point and restarted from its last checkpoint therefore replays the same steps bit for bit.
+mini-batch permutation, the data order (the iterator's own state is checkpointed), and the
+batches requested ahead (k ≥ 1) are checkpointed with their completions. A run killed at any
+point and restarted from its last checkpoint therefore replays the same steps bit for bit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import signal
@@ -60,7 +67,7 @@ import numpy as np
 
 from dynamo_jax import batching, evaluate, tasks
 from dynamo_jax import workdir as run_dir
-from dynamo_jax.allocation import AllocationResult, make_allocator, make_history
+from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.batching import RolloutBatch
@@ -70,9 +77,14 @@ from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
+from dynamo_jax.report import UpdateResult, entropy_mean, step_metrics
+from dynamo_jax.report import timed as _timed
+from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
 from dynamo_jax.rollout.factory import build_engine
-from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
-from dynamo_jax.seeds import MINI_BATCH, ROLLOUT, step_seed
+from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline, TakenBatch
+from dynamo_jax.rollout.protocol import RolloutEngine
+from dynamo_jax.rollouts import Drawn, Rollouts, generate, request, resample, rollouts_of, score
+from dynamo_jax.seeds import MINI_BATCH, step_seed
 from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.mesh import build_mesh
 from dynamo_jax.sharding.rules import replicated
@@ -105,13 +117,14 @@ class Trainer:
     train_step: TrainStep
     logprob: LogprobFn
     state: TrainState
+    pipeline: RolloutPipeline  # the batches requested and not yet trained on
     ref_params: Any = None  # frozen reference policy, only when the loss has a KL term
     consecutive_nonfinite: int = 0
     skipped_updates: int = 0
 
     # -- checkpoint payload -------------------------------------------------------------
     def host_state(self) -> dict:
-        return {
+        host = {
             "data": self.data_iter.state_dict(),
             "history": self.history.state_dict(),
             "temperature": self.scheduler.state_dict(),
@@ -120,6 +133,11 @@ class Trainer:
                 "skipped_updates": np.int64(self.skipped_updates),
             },
         }
+        if self.cfg.train.max_staleness:
+            # Waits for the batches in flight (and computes their π_old); every process calls
+            # this at the same point, so the collectives inside line up.
+            host["pipeline"] = self.pipeline.state_dict(self._behaviour_ahead)
+        return host
 
     def load_host_state(self, host: dict) -> None:
         self.data_iter.load_state_dict(host["data"])
@@ -129,77 +147,19 @@ class Trainer:
         self.scheduler.load_state_dict(host["temperature"])
         self.consecutive_nonfinite = int(host["loop"]["consecutive_nonfinite"])
         self.skipped_updates = int(host["loop"]["skipped_updates"])
+        if "pipeline" in host:  # a run with max_staleness 0 wrote none
+            self.pipeline.load_state_dict(host["pipeline"])
+
+    def _behaviour_ahead(self, plan: BatchPlan, completions: list, params: Any) -> Behaviour:
+        """log π_v of a batch in flight, from its version's parameters, on its batch layout."""
+        zeros = np.zeros(self.cfg.budget, np.float32)  # the layout does not depend on rewards
+        batch = build_batch(self.cfg, self.task, rollouts_of(plan, completions), zeros)
+        return Behaviour(
+            old_logprobs(batch, self.logprob, params, None, {}).old_logp, layout_key(batch)
+        )
 
 
 # ----------------------------------------------------------------------------- the stages
-
-
-@dataclasses.dataclass(frozen=True)
-class Rollouts:
-    """What the generate stage produced: the step's prompts, their allocation, the completions."""
-
-    rows: np.ndarray  # int64 [N] dataset rows of the step's prompts
-    epoch_end: bool  # the data iterator finished a pass over the dataset with this batch
-    allocation: AllocationResult  # n_i per prompt (aligned with `rows`)
-    completions: list[Completion]  # grouped by prompt in `rows` order, then by sample
-    temperature: float  # the sampling temperature of every completion
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateResult:
-    """The update stage's outcome: per-update loss metrics (host) and which updates were skipped."""
-
-    metrics: list[dict]  # one dict of host scalars per optimizer update
-    skipped: list[bool]  # per update: a non-finite loss or gradient, not applied
-
-
-@contextlib.contextmanager
-def _timed(timings: dict, name: str):
-    start = time.perf_counter()
-    yield
-    timings[f"time/{name}"] = time.perf_counter() - start
-
-
-def generate(
-    cfg: RunConfig,
-    step: int,
-    task: tasks.Task,
-    data_iter: Any,
-    allocator: Any,
-    history: PromptHistory,
-    scheduler: TemperatureScheduler,
-    engine: RolloutEngine,
-    timings: dict,
-) -> Rollouts:
-    """The step's prompts, their rollout counts and temperature, and the engine's completions."""
-    data_batch = next(data_iter)
-    rows = data_batch.indices
-    allocation = allocator.allocate(rows, history, cfg.budget)
-    temperature = scheduler.current()
-    requests = [
-        Request(int(task.prompt_ids[r]), task.prompt_tokens[r], int(n))
-        for r, n in zip(rows, allocation.n)
-        if n > 0
-    ]
-    sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        stop_token_ids=task.stop_token_ids,
-        seed=step_seed(cfg.train.seed, step, ROLLOUT),
-    )
-    with _timed(timings, "generate"):
-        completions = engine.generate(requests, sampling)
-    return Rollouts(rows, bool(data_batch.epoch_end), allocation, completions, temperature)
-
-
-def score(task: tasks.Task, completions: list[Completion], budget: int, timings: dict):
-    """Rewards float32 [budget] (0 on padding rows) and the share of each verdict status."""
-    with _timed(timings, "score"):
-        rewards = np.zeros(budget, np.float32)
-        rewards[: len(completions)], verdict_shares = tasks.score_completions(task, completions)
-    return rewards, verdict_shares
 
 
 def build_batch(
@@ -265,6 +225,70 @@ def old_logprobs(
     return dataclasses.replace(batch, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
 
 
+def layout_key(batch: RolloutBatch) -> str:
+    """Fingerprint of a batch's layout (tokens and trained positions)."""
+    return hashlib.sha256(batch.tokens.tobytes() + batch.loss_mask.tobytes()).hexdigest()
+
+
+def _masked_abs_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    diff = np.abs(a - b)[mask > 0]
+    return float(diff.mean()) if diff.size else 0.0
+
+
+def behaviour_logprobs(
+    pipeline: RolloutPipeline,
+    step: int,
+    batch: RolloutBatch,
+    taken: TakenBatch,
+    logprob: LogprobFn,
+    params: Any,
+    ref_params: Any,
+    timings: dict,
+) -> tuple[RolloutBatch, dict]:
+    """The batch with π_old = the behaviour policy that sampled it (rollout/pipeline.py), the
+    current policy's entropy (and π_ref), and the log-prob metrics.
+
+    The trainer's forward with its current parameters (version step − 1) always runs: it is
+    π_old when the batch is on-policy, and the entropy and the reported staleness otherwise.
+    """
+    batch = old_logprobs(batch, logprob, params, ref_params, timings)
+    mask = batch.loss_mask
+    # Current trainer vs engine on the sampled tokens: ~0 when on-policy in float32; grows with
+    # staleness (the engine sampled with older weights) and with the engine's numerics.
+    metrics = {
+        "rollout/engine_logp_abs_diff": _masked_abs_diff(batch.old_logp, batch.engine_logp, mask)
+    }
+    version = taken.plan.version
+    if not pipeline.report_behaviour:
+        return batch, metrics  # synchronous, π_old from the trainer: the batch as it is
+    if pipeline.from_engine:
+        # Off the trained tokens the engine has no log-probs; the values there are never read.
+        behaviour = np.where(mask > 0, batch.engine_logp, batch.old_logp)
+    elif version == step - 1:
+        behaviour = batch.old_logp
+    elif taken.behaviour is not None:
+        if taken.behaviour.layout != layout_key(batch):
+            raise RuntimeError(
+                f"step {step}: the behaviour log-probs saved for this batch were computed on "
+                "another batch layout than build_batch gives now"
+            )
+        behaviour = taken.behaviour.logp
+    elif taken.behaviour_params is not None:
+        with _timed(timings, "behaviour_logprobs"):
+            behaviour = old_logprobs(batch, logprob, taken.behaviour_params, None, {}).old_logp
+    else:
+        raise RuntimeError(
+            f"step {step}: π_old of weight version {version} cannot be recomputed: neither its "
+            "parameters nor its log-probs were kept (a checkpoint written with "
+            "train.old_logp_source='engine' resumed with 'trainer'?)"
+        )
+    metrics["rollout/staleness"] = (step - 1) - version
+    metrics["rollout/behaviour_logp_abs_diff"] = _masked_abs_diff(
+        behaviour, batch.engine_logp, mask
+    )
+    return dataclasses.replace(batch, old_logp=behaviour), metrics
+
+
 def update(
     cfg: RunConfig,
     step: int,
@@ -317,104 +341,36 @@ def record(
     allocator: Any,
     scheduler: TemperatureScheduler,
     task: tasks.Task,
-    rollouts: Rollouts,
+    drawn: Drawn,
     batch: RolloutBatch,
-    groups: dict,
     step: int,
 ) -> None:
-    """What the step taught the allocator (history, epoch end) and the temperature scheduler."""
-    # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
-    row_of_id = {int(task.prompt_ids[r]): int(r) for r in rollouts.rows}
-    group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
-    history.update(
-        group_rows,
-        groups["count"],
-        groups["correct"],
-        groups["reward_sum"],
-        entropy_mean=groups["entropy_mean"],
+    """What the step taught the allocator (history, epoch end) and the temperature scheduler:
+    every generated group, draw by draw, trained on or not; a group's mean token entropy is the
+    old-log-prob pass's (NaN, the history's previous value kept, for groups not trained on)."""
+    trained = batching.group_stats(
+        batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
     )
-    if rollouts.epoch_end:
-        # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds, the
-        # released heuristic refreshes its priorities (allocation/policies.py).
-        allocator.on_epoch_end(history)
-    entropy = _entropy_mean(batch)
+    entropy_of = dict(zip(trained["prompt_id"].tolist(), trained.get("entropy_mean", [])))
+    for rows, epoch_end, groups in drawn.parts:
+        # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
+        row_of_id = {int(task.prompt_ids[r]): int(r) for r in rows}
+        group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
+        entropy = np.asarray([entropy_of.get(int(i), np.nan) for i in groups["prompt_id"]])
+        history.update(
+            group_rows,
+            groups["count"],
+            groups["correct"],
+            groups["reward_sum"],
+            entropy_mean=entropy,
+        )
+        if epoch_end:
+            # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds,
+            # the released heuristic refreshes its priorities (allocation/policies.py).
+            allocator.on_epoch_end(history)
+    entropy = entropy_mean(batch)
     if np.isfinite(entropy) and entropy > 0:
         scheduler.update(entropy, step)
-
-
-def _entropy_mean(batch: RolloutBatch) -> float:
-    mask = batch.loss_mask > 0
-    return float(batch.entropy[mask].mean()) if mask.any() else float("nan")
-
-
-def _update_metrics(result: UpdateResult) -> dict:
-    """Mean of each loss metric over the step's updates (loss metrics under `loss/`)."""
-    out: dict[str, Any] = {}
-    for key in result.metrics[0] if result.metrics else ():
-        values = np.asarray([np.asarray(m[key], np.float64) for m in result.metrics])
-        out[f"loss/{key}" if "/" not in key else key] = float(values.mean())
-    return out
-
-
-def _allocation_metrics(n: np.ndarray, g_max: int, result: AllocationResult) -> dict:
-    return {
-        "alloc/n_mean": float(n.mean()),
-        "alloc/n_std": float(n.std()),
-        "alloc/n_min": int(n.min()),
-        "alloc/n_max": int(n.max()),
-        "alloc/n_hist": np.bincount(n, minlength=g_max + 1).tolist(),
-        "alloc/shortfall": int(result.shortfall),
-        **{k: float(v) for k, v in result.diagnostics.items()},
-    }
-
-
-def step_metrics(
-    cfg: RunConfig,
-    rollouts: Rollouts,
-    batch: RolloutBatch,
-    groups: dict,
-    result: UpdateResult,
-    verdict_shares: dict,
-    timings: dict,
-    *,
-    consecutive_nonfinite: int,
-    applied_updates: int,
-    epochs_completed: int,
-) -> dict:
-    """The step's metrics line (metrics.jsonl, TensorBoard, the progress bar)."""
-    valid = batch.valid
-    mask = batch.loss_mask > 0
-    n_resp_tokens = int(batch.response_len[valid].sum())
-    # Engine vs trainer log-probs of the sampled tokens: ~0 unless the engine runs other weights
-    # or another sampling distribution (then the "old" policy is not the one that sampled).
-    diff = np.abs(batch.old_logp - batch.engine_logp)[mask]
-    metrics = _update_metrics(result)
-    metrics["nonfinite/skipped_in_step"] = int(sum(result.skipped))
-    metrics["nonfinite/consecutive"] = consecutive_nonfinite
-    metrics.update(timings)
-    metrics.update(verdict_shares)
-    n = np.asarray(rollouts.allocation.n)
-    metrics.update(_allocation_metrics(n, cfg.allocation.g_max, rollouts.allocation))
-    metrics.update(
-        {
-            "reward/mean": float(batch.rewards[valid].mean()),
-            # Uniform over the step's prompts: unlike reward/mean it is not weighted by n_i,
-            # so it compares allocation policies fairly (DynaMO gives uncertain prompts more).
-            "reward/prompt_mean": float((groups["reward_sum"] / groups["count"]).mean()),
-            "reward/zero_var_groups": float(groups["zero_variance"].mean()),
-            "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
-            "temperature": float(rollouts.temperature),
-            "entropy/mean": _entropy_mean(batch),
-            "rollout/engine_logp_abs_diff": float(diff.mean()) if diff.size else 0.0,
-            "response/len_mean": float(batch.response_len[valid].mean()),
-            "response/stop_share": float(batch.stopped[valid].mean()),
-            "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
-            "perf/response_tokens": n_resp_tokens,
-            "train/applied_updates": applied_updates,
-            "data/epoch": epochs_completed,
-        }
-    )
-    return metrics
 
 
 def rl_step(tr: Trainer, step: int) -> dict:
@@ -422,36 +378,56 @@ def rl_step(tr: Trainer, step: int) -> dict:
     cfg = tr.cfg
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    rollouts = generate(
-        cfg, step, tr.task, tr.data_iter, tr.allocator, tr.history, tr.scheduler, tr.engine, timings
+    plan = functools.partial(
+        request, cfg, tr.task, tr.data_iter, tr.allocator, tr.history, tr.scheduler
     )
+    rollouts, taken = generate(tr.pipeline, step, plan, tr.state.params, timings)
     rewards, verdict_shares = score(tr.task, rollouts.completions, cfg.budget, timings)
+    resampled = None
+    if cfg.train.dynamic_sampling:
+        first = (rollouts, taken.plan, rewards, verdict_shares)
+        resampled = resample(cfg, step, tr.task, tr.engine, plan, first, timings)
+        rollouts, rewards, verdict_shares = (
+            resampled.rollouts,
+            resampled.rewards,
+            resampled.verdict_shares,
+        )
     batch = build_batch(cfg, tr.task, rollouts, rewards)
-    batch = old_logprobs(batch, tr.logprob, tr.state.params, tr.ref_params, timings)
+    batch, logp_metrics = behaviour_logprobs(
+        tr.pipeline, step, batch, taken, tr.logprob, tr.state.params, tr.ref_params, timings
+    )
     tr.state, result = update(cfg, step, batch, tr.train_step, tr.state, timings)
     for skipped in result.skipped:
         tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
         tr.skipped_updates += int(skipped)
 
-    groups = batching.group_stats(
-        batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
-    )
-    record(tr.history, tr.allocator, tr.scheduler, tr.task, rollouts, batch, groups, step)
+    groups = batching.group_stats(batch.prompt_id, batch.rewards, batch.valid)
+    if resampled is None:
+        drawn = Drawn([(rollouts.rows, rollouts.epoch_end, groups)], batch.rewards[batch.valid])
+    else:
+        drawn = resampled.drawn
+    record(tr.history, tr.allocator, tr.scheduler, tr.task, drawn, batch, step)
     with _timed(timings, "weight_push"):
         tr.engine.update_weights(tr.state.params, step)
     timings["time/step"] = time.perf_counter() - t0
-    return step_metrics(
-        cfg,
-        rollouts,
+    metrics = step_metrics(
+        cfg.allocation.g_max,
+        rollouts.allocation,
+        rollouts.temperature,
         batch,
-        groups,
+        (drawn.groups, drawn.rewards),
         result,
         verdict_shares,
         timings,
+        logp_metrics,
         consecutive_nonfinite=tr.consecutive_nonfinite,
         applied_updates=int(jax.device_get(tr.state.step)),
         epochs_completed=int(tr.history.epochs_completed),
     )
+    if resampled is not None:
+        metrics.update(resampled.metrics)
+        metrics["dynamic/trained_zero_var_groups"] = int(groups["zero_variance"].sum())
+    return metrics
 
 
 # ----------------------------------------------------------------------------- building
@@ -499,6 +475,8 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
         ref_params = jax.tree.map(jnp.copy, state.params)
     engine = build_engine(cfg, state.params, mesh, train_step.state_shardings.params, workdir)
+    if cfg.train.max_staleness and isinstance(engine, BackgroundCapable):
+        engine = BackgroundEngine(engine)  # the vLLM sidecar generates while the trainer trains
     return Trainer(
         cfg=cfg,
         mesh=mesh,
@@ -511,6 +489,12 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         train_step=train_step,
         logprob=logprob,
         state=state,
+        pipeline=RolloutPipeline(
+            engine,
+            max_staleness=cfg.train.max_staleness,
+            last_step=cfg.train.steps,
+            source=cfg.train.old_logp_source,
+        ),
         ref_params=ref_params,
     )
 

@@ -28,6 +28,10 @@ def test_every_section_maps_to_a_frozen_dataclass():
         (C.TrainConfig, dict(pack_len=-1), "train.pack_len"),
         (C.TrainConfig, dict(max_tokens_per_micro_batch=1.5), "train.max_tokens_per_micro_batch"),
         (C.TrainConfig, dict(micro_batches=2, max_tokens_per_micro_batch=64), "not both"),
+        (C.TrainConfig, dict(max_staleness=-1), "train.max_staleness"),
+        (C.TrainConfig, dict(old_logp_source="vllm"), "train.old_logp_source"),
+        (C.TrainConfig, dict(max_sampling_rounds=0), "train.max_sampling_rounds"),
+        (C.TrainConfig, dict(dynamic_sampling=True, max_staleness=1), "train.dynamic_sampling"),
         (C.OptimConfig, dict(schedule="linear"), "optim.schedule"),
         (C.OptimConfig, dict(b2=1.0), "optim.b2"),
         (C.OptimConfig, dict(learning_rate=0.0), "optim.learning_rate"),
@@ -109,3 +113,16 @@ def test_pack_len_and_token_budget_are_checked_against_the_run():
     config.train.max_tokens_per_micro_batch = 64
     run = C.from_config_dict(config)
     assert run.train.packing and run.train.pack_len == 32
+
+
+def test_engine_log_probs_need_the_full_tempered_distribution():
+    """vLLM's processed log-probs are of the top-k/top-p restricted distribution, the trainer's
+    of the full softmax: as π_old they would compare two distributions."""
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.train.old_logp_source = "engine"
+    C.from_config_dict(config)  # top_p 1, top_k off: accepted
+    config.rollout.top_p = 0.9
+    with pytest.raises(ValueError, match=r"train\.old_logp_source='engine' needs rollout\.top_p"):
+        C.from_config_dict(config)

@@ -254,3 +254,82 @@ def test_scoring_is_split_over_processes_and_gathered(monkeypatch):
         np.testing.assert_array_equal(rewards, want[0])
         assert shares == want[1]
     assert want[1]["reward/wrong_share"] == 3 / 7  # ids 10, 13, 16 → code 1 ("wrong")
+
+
+def _restore_step(workdir: Path, step: int):
+    """(state, host payload) of checkpoint `step`, on one device."""
+    from dynamo_jax.step.state import abstract_train_state
+
+    cfg = _config()
+    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    abstract = {
+        "train": jax.tree.map(place, abstract_train_state(cfg.model, optimizer)),
+        "rng": jax.random.key(cfg.train.seed),
+    }
+    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig())
+    try:
+        restored = ckpt.restore(step, abstract)
+    finally:
+        ckpt.close()
+    return restored.state, restored.host
+
+
+STALENESS_ONE = ("--config.train.max_staleness=1", "--config.checkpoint.every_steps=2")
+
+
+@pytest.mark.slow
+def test_staleness_one_on_two_processes_trains_like_one(tmp_path):
+    """max_staleness 1 with the embedded engine: the batch requested ahead, its π_old from the
+    kept parameter copy, and the batch in flight at the step-2 checkpoint (its π_old computed
+    then, a collective forward inside the host payload) agree between two processes and one."""
+    multi, single, port = tmp_path / "multi", tmp_path / "single", _free_port()
+    procs = [_launch(multi, 1, (2, pid, port), *STALENESS_ONE) for pid in range(2)]
+    procs.append(_launch(single, 2, None, *STALENESS_ONE))
+    communicate_all(procs, ("process 0", "process 1", "single"), timeout=900)
+    got, want = read_metrics(multi), read_metrics(single)
+    assert _deterministic(got) == _deterministic(want)
+    assert [r["rollout/staleness"] for r in got] == [0, 1, 1]
+    for step in (2, STEPS):
+        (state_a, host_a), (state_b, host_b) = (
+            _restore_step(multi, step),
+            _restore_step(single, step),
+        )
+        jax.tree.map(np.testing.assert_array_equal, host_a, host_b)
+        jax.tree.map(np.testing.assert_array_equal, state_a["train"], state_b["train"])
+    assert int(np.asarray(_restore_step(multi, 2)[1]["pipeline"]["count"])) == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not Path(VLLM_PYTHON).is_file(),
+    reason=f"no vLLM venv at {VLLM_PYTHON}: run `bash scripts/make_vllm_venv.sh .venv-vllm`",
+)
+def test_vllm_sidecars_generating_in_the_background_on_two_processes(tmp_path):
+    """max_staleness 1 with two processes and two sidecars: each worker thread generates its
+    process's slice while the trainer trains, the all-gather runs on the main thread when the
+    batch is taken (and at the checkpoint); the same metrics as one process with one sidecar."""
+    from hf_fixtures import random_flax_params
+
+    from dynamo_jax.models import hf_io
+
+    cfg = _config()
+    init = hf_io.save_hf_checkpoint(
+        random_flax_params(cfg.model, seed=1), cfg.model, tmp_path / "hf"
+    )
+    extra = (
+        "--config.rollout.engine=vllm",
+        f"--config.rollout.sidecar_python={VLLM_PYTHON}",
+        f"--config.init.checkpoint={init}",
+        *STALENESS_ONE,
+    )
+    multi, single, port = tmp_path / "multi", tmp_path / "single", _free_port()
+    procs = [_launch(multi, 1, (2, pid, port), *extra) for pid in range(2)]
+    procs.append(_launch(single, 2, None, *extra))
+    communicate_all(procs, ("process 0", "process 1", "single"), timeout=900)
+    got, want = read_metrics(multi), read_metrics(single)
+    assert _deterministic(got) == _deterministic(want)
+    assert [r["rollout/staleness"] for r in got] == [0, 1, 1]
+    assert all("time/generate_background" in r for r in got)

@@ -156,6 +156,22 @@ class SplitEngine:
         return [request_slice(requests, first + s, count) for s in range(len(self.local))]
 
     def generate(self, requests: Sequence[Request], sampling: SamplingParams) -> list[Completion]:
+        return self.finish_generate(requests, self.generate_local(requests, sampling))
+
+    def update_weights(self, params: Any, version: int) -> None:
+        if self.export is None:  # each local engine is given the parameters itself
+            if version < self._version:
+                raise ValueError(
+                    f"weight version must not go back: {version} after {self._version}"
+                )
+            _run_each(lambda engine: engine.update_weights(params, version), self.local)
+            self._version = version
+            return
+        self.load_weights(self.export_weights(params, version))
+
+    # -- the two halves of a call, for rollout/background.py (generation beside training) ------
+    def generate_local(self, requests: Sequence[Request], sampling: SamplingParams) -> list:
+        """This process's slices, from its own engines (no collective)."""
         parts = [list(requests[s]) for s in self.slices(requests)]
         wants = [sum(r.n for r in part) for part in parts]
         # An engine whose slice asks for no samples (none, or only n = 0 requests) is not called.
@@ -172,19 +188,32 @@ class SplitEngine:
             self.last_samples[s] = want
             local.extend(got)
         self.last_local_samples = len(local)
+        return local
+
+    def finish_generate(self, requests: Sequence[Request], local: list) -> list[Completion]:
+        """Every process's slices in request order (an all-gather: call on every process)."""
         if self.process_count == 1:
             return local
         return gather_completions(local, requests)
 
-    def update_weights(self, params: Any, version: int) -> None:
+    def export_weights(self, params: Any, version: int) -> Any:
+        """The part of a push that reads `params` (collective on several processes): the host's
+        push directory, or without `export` each local engine's own export."""
         if version < self._version:
             raise ValueError(f"weight version must not go back: {version} after {self._version}")
         if self.export is None:
-            _run_each(lambda engine: engine.update_weights(params, version), self.local)
-            self._version = version
-            return
+            return version, [engine.export_weights(params, version) for engine in self.local]
         push = self.export(params, version)  # once for the host
         self.exports += 1
+        return version, push
+
+    def load_weights(self, exported: Any) -> None:
+        """Every local engine loads an `export_weights` result (process-local)."""
+        version, push = exported
+        if self.export is None:
+            _run_each(lambda pair: pair[0].load_weights(pair[1]), list(zip(self.local, push)))
+            self._version = version
+            return
         try:
             timings = _run_each(lambda engine: engine.load_push(push), self.local)
         except BaseException:

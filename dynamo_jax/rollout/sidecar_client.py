@@ -411,6 +411,19 @@ class VLLMSidecarEngine:
         Multi-host: every process runs its own sidecars and must call this at the same time (the
         gather of sharded parameters is a collective); see rollout/process_split.py.
         """
+        self.load_weights(self.export_weights(params, version))
+
+    # -- the two halves of a call, for rollout/background.py (generation beside training) ------
+    def generate_local(self, requests: Sequence[Request], sampling: SamplingParams) -> list:
+        return self.generate(requests, sampling)
+
+    def finish_generate(self, requests: Sequence[Request], local: list) -> list[Completion]:
+        return local
+
+    def export_weights(self, params: Any, version: int) -> weight_push.PushDir:
+        """`update_weights`' export (reads `params`; collective on several processes): the
+        pushed directory. Touches no sidecar state, so it
+        may run while another thread waits on a generate."""
         if self.model_cfg is None:
             raise ValueError(
                 "VLLMSidecarEngine was built with model_cfg=None: it can push HF tensors "
@@ -420,6 +433,11 @@ class VLLMSidecarEngine:
         push = weight_push.export_push_dir(
             params, self.model_cfg, self.config.shm_dir, version, self.config.dtype, self.push_tag
         )
+        return push
+
+    def load_weights(self, push: weight_push.PushDir) -> None:
+        """`update_weights`' reload of an `export_weights` directory, which this engine then
+        owns (deleted once superseded)."""
         self._load_owned(push)
 
     def close(self) -> None:

@@ -1,0 +1,119 @@
+"""The step's metrics line (metrics.jsonl, TensorBoard, the progress bar), and stage timings.
+
+`step_metrics` gathers what every stage of train.py's step produced into one flat dict of host
+scalars: the update's loss metrics (averaged over its optimizer updates), timings, verdict
+shares, the allocation, rewards over every generated group, the trained batch's responses and
+the log-prob comparison of trainer and engine (rollout/pipeline.py explains the staleness ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from dynamo_jax.allocation import AllocationResult
+from dynamo_jax.batching import RolloutBatch
+
+
+@contextlib.contextmanager
+def timed(timings: dict, name: str):
+    """Seconds spent in the block, as `timings["time/<name>"]`."""
+    start = time.perf_counter()
+    yield
+    timings[f"time/{name}"] = time.perf_counter() - start
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateResult:
+    """The update stage's outcome: per-update loss metrics (host) and which updates were skipped."""
+
+    metrics: list[dict]  # one dict of host scalars per optimizer update
+    skipped: list[bool]  # per update: a non-finite loss or gradient, not applied
+
+
+def entropy_mean(batch: RolloutBatch) -> float:
+    """Mean token entropy over the trained tokens (NaN if there are none)."""
+    mask = batch.loss_mask > 0
+    return float(batch.entropy[mask].mean()) if mask.any() else float("nan")
+
+
+def _mean(x: np.ndarray) -> float:
+    """The mean, 0 for no values (a dynamic-sampling step that kept no group)."""
+    return float(x.mean()) if x.size else 0.0
+
+
+def _update_metrics(result: UpdateResult) -> dict:
+    """Mean of each loss metric over the step's updates (loss metrics under `loss/`)."""
+    out: dict[str, Any] = {}
+    for key in result.metrics[0] if result.metrics else ():
+        values = np.asarray([np.asarray(m[key], np.float64) for m in result.metrics])
+        out[f"loss/{key}" if "/" not in key else key] = float(values.mean())
+    return out
+
+
+def _allocation_metrics(n: np.ndarray, g_max: int, result: AllocationResult) -> dict:
+    return {
+        "alloc/n_mean": float(n.mean()),
+        "alloc/n_std": float(n.std()),
+        "alloc/n_min": int(n.min()),
+        "alloc/n_max": int(n.max()),
+        "alloc/n_hist": np.bincount(n, minlength=g_max + 1).tolist(),
+        "alloc/shortfall": int(result.shortfall),
+        **{k: float(v) for k, v in result.diagnostics.items()},
+    }
+
+
+def step_metrics(
+    g_max: int,
+    allocation: AllocationResult,
+    temperature: float,
+    batch: RolloutBatch,
+    generated: tuple[dict, np.ndarray],
+    result: UpdateResult,
+    verdict_shares: dict,
+    timings: dict,
+    logp_metrics: dict,
+    *,
+    consecutive_nonfinite: int,
+    applied_updates: int,
+    epochs_completed: int,
+) -> dict:
+    """The step's metrics line. `generated` is (group stats, rewards) of every generated group
+    (the batch's, or every dynamic-sampling round's); responses and tokens are the trained
+    batch's; `logp_metrics` come from the old-log-prob stage."""
+    groups, rewards = generated
+    valid = batch.valid
+    n_resp_tokens = int(batch.response_len[valid].sum())
+    metrics = _update_metrics(result)
+    metrics["nonfinite/skipped_in_step"] = int(sum(result.skipped))
+    metrics["nonfinite/consecutive"] = consecutive_nonfinite
+    metrics.update(timings)
+    metrics.update(verdict_shares)
+    metrics.update(_allocation_metrics(np.asarray(allocation.n), g_max, allocation))
+    metrics.update(
+        {
+            "reward/mean": float(rewards.mean()),
+            # Uniform over the step's prompts: unlike reward/mean it is not weighted by n_i,
+            # so it compares allocation policies fairly (DynaMO gives uncertain prompts more).
+            "reward/prompt_mean": float((groups["reward_sum"] / groups["count"]).mean()),
+            "reward/zero_var_groups": float(groups["zero_variance"].mean()),
+            "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
+            "temperature": float(temperature),
+            "entropy/mean": entropy_mean(batch),
+            # Current trainer vs engine log-probs of the sampled tokens: ~0 unless the engine
+            # ran other weights (staleness) or other numerics.
+            "rollout/engine_logp_abs_diff": logp_metrics["rollout/engine_logp_abs_diff"],
+            "response/len_mean": _mean(batch.response_len[valid]),
+            "response/stop_share": _mean(batch.stopped[valid]),
+            "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
+            "perf/response_tokens": n_resp_tokens,
+            "train/applied_updates": applied_updates,
+            "data/epoch": epochs_completed,
+        }
+    )
+    metrics.update(logp_metrics)  # the staleness and behaviour-policy figures under lag
+    return metrics
