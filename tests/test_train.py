@@ -444,7 +444,7 @@ def test_the_loop_feeds_each_prompts_entropy_to_the_allocator_history(tmp_path):
     """dynamo_entropy's f(H̄_i) needs H̄_i: after step 1 the history holds the old-log-prob
     pass's per-prompt entropy, so step 2's allocation knows it for the prompts seen before."""
     config = _short_config(method="dynamo_entropy", steps=2, every=2)
-    assert train.run(from_config_dict(config), tmp_path)["status"] == "finished"
+    assert train.run(from_config_dict(config), tmp_path).status is Status.FINISHED
     records = read_metrics(tmp_path)
     assert records[0]["alloc/entropy_known_share"] == 0.0
     assert records[1]["alloc/entropy_known_share"] > 0.0
