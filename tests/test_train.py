@@ -448,9 +448,9 @@ def test_the_loop_feeds_each_prompts_entropy_to_the_allocator_history(tmp_path):
     records = read_metrics(tmp_path)
     assert records[0]["alloc/entropy_known_share"] == 0.0
     assert records[1]["alloc/entropy_known_share"] > 0.0
-    _, _, host = _final_state(tmp_path, config)
-    known = np.isfinite(host["history"]["entropy_mean"])
-    assert known.sum() > 0 and (host["history"]["entropy_mean"][known] > 0).all()
+    history = _final_state(tmp_path, config)[2].host["history"]
+    known = np.isfinite(history["entropy_mean"])
+    assert known.sum() > 0 and (history["entropy_mean"][known] > 0).all()
 
 
 def test_export_and_evaluation_engine_from_a_run(tmp_path):
