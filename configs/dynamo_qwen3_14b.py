@@ -28,7 +28,9 @@ def get_config(arg: str | None = None):
         devices=16,
         max_prompt_tokens=2048,
         max_new_tokens=8192,
-        # 512 responses × 10,240 tokens per update over 8 FSDP groups: one row per group per
-        # micro-batch (sized with --dry_run: see docs/scaling.md)
-        micro_batches=64,
+        # Packed rows of 10,240 tokens, one per FSDP group per micro-batch (--dry_run:
+        # docs/scaling.md); that row needs ~53 GiB, so JAX keeps 0.78 of each GPU and vLLM runs
+        # at tensor parallel 4 (2 sidecars per host: 7 GB of weights per GPU) in the other 0.17
+        micro_tokens=10240,
+        vllm=dict(vllm_tensor_parallel=4, gpu_memory_utilization=0.17, jax_memory_fraction=0.78),
     )

@@ -21,7 +21,8 @@ def get_config(arg: str | None = None):
         learning_rate=5e-6,
         mesh_shape=(1, -1, 1),
         devices=4,
-        # 512 responses × 8,192 tokens per update: 32 micro-batches of 4 rows per GPU
-        # (sized with --dry_run: see docs/scaling.md)
-        micro_batches=32,
+        # Packed rows of 8,192 tokens, 2 per GPU per micro-batch (--dry_run: docs/scaling.md)
+        micro_tokens=2 * 8192,
+        # one vLLM sidecar per GPU (the paper states no tensor parallel), colocated
+        vllm=dict(vllm_tensor_parallel=1, gpu_memory_utilization=0.4, jax_memory_fraction=0.55),
     )

@@ -21,7 +21,9 @@ def get_config(arg: str | None = None):
         learning_rate=2e-6,
         mesh_shape=(1, -1, 1),
         devices=8,
-        # 512 responses × 8,192 tokens per update: 64 micro-batches of one row per GPU
-        # (sized with --dry_run: see docs/scaling.md)
-        micro_batches=64,
+        # Packed rows of 8,192 tokens, one per GPU per micro-batch (--dry_run: docs/scaling.md);
+        # that row needs ~50 GiB, so JAX keeps 0.72 of each GPU and vLLM (tensor parallel 2,
+        # 4 sidecars per host: 7.6 GB of weights per GPU) the other 0.23
+        micro_tokens=8192,
+        vllm=dict(vllm_tensor_parallel=2, gpu_memory_utilization=0.23, jax_memory_fraction=0.72),
     )

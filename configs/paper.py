@@ -14,10 +14,15 @@ The one per-model departure, a response cut to fit a shorter context, is stated 
 config file. The DynaMO paper's own training set is not part of ALGORITHM.md: its runs here use
 E3's set (20 steps per pass at 512 prompts, so 2,000 steps are 100 passes).
 
-Not expressible yet (fields still to come): vLLM tensor parallel 2 and GPU memory utilisation 0.8
-colocated with training (Table 3), and verl's packed sequences with token-budget micro-batches
-(`use_remove_padding`, `use_dynamic_bsz`: a throughput setting). Until then every sequence is a
-padded row of max_prompt_tokens + max_new_tokens and `micro_batches` is sized from the dry run.
+Throughput settings, as verl's `use_remove_padding` / `use_dynamic_bsz`: sequences are packed
+into rows of max_prompt_tokens + max_new_tokens tokens (train.packing, the default) and each
+mini-batch is cut into micro-batches by a per-GPU token budget (train.max_tokens_per_micro_batch,
+sized with --dry_run, which plans the worst case of one sequence per row). Rollouts: one vLLM
+sidecar per `vllm_tensor_parallel` GPUs on every host, colocated with the trainer. Table 3's
+memory utilisation 0.8 is verl's time-sharing (it frees vLLM's memory while it trains); JAX
+takes its share of each GPU once when it starts, so here the two shares are fixed and sum to at
+most 0.95 (rollout.jax_memory_fraction + rollout.gpu_memory_utilization, docs/vllm_sidecar.md):
+each model's file states its split, and its dry run plans against JAX's share.
 """
 
 from pathlib import Path
@@ -65,6 +70,7 @@ E3_SAVE_EVERY = 80  # script save_freq
 # clip_ratio_c, applied by their dp_actor) and weight decay 0.01 (verl's default).
 E3_DUAL_CLIP = 3.0
 E3_WEIGHT_DECAY = 0.01
+A100_GB = 80.0
 
 
 def _common(
@@ -74,12 +80,13 @@ def _common(
     steps: int,
     prompts: int,
     mini_batch: int,
-    micro_batches: int,
+    micro_tokens: int,
     max_prompt_tokens: int,
     max_new_tokens: int,
     mesh_shape,
     devices: int,
     overflow: str,
+    vllm: dict,
 ):
     config = base.mlc.ConfigDict()
     # bf16 compute, fp32 master weights, full rematerialisation of each layer
@@ -93,18 +100,24 @@ def _common(
     )
     config.reward = base.reward(num_workers=16)  # math-verify processes
     # Both papers sample with top-p 1.0 and top-k off.
-    config.rollout = base.rollout("vllm", max_new_tokens=max_new_tokens, top_p=1.0, top_k=-1)
+    # vllm: vllm_tensor_parallel, gpu_memory_utilization, jax_memory_fraction (colocated)
+    config.rollout = base.rollout(
+        "vllm", max_new_tokens=max_new_tokens, top_p=1.0, top_k=-1, **vllm
+    )
     config.jax_engine = base.jax_engine()  # unused with vLLM; kept for --config.rollout.engine=jax
     config.mesh = base.mesh(mesh_shape)
     config.train = base.train(
         steps=steps,
         prompts_per_step=prompts,
         mini_batch_size=mini_batch,
-        micro_batches=micro_batches,  # gradient accumulation: see the model's config file
+        packing=True,
+        max_tokens_per_micro_batch=micro_tokens,  # per GPU: see the model's config file
         ppo_epochs=1,
     )
     config.logging = base.logging()
-    config.dry_run = base.dry_run(num_devices=devices, device_memory_gb=80.0)  # A100 80 GB
+    # A100 80 GB, of which JAX has its share (the rest is vLLM's)
+    jax_gb = round(A100_GB * vllm["jax_memory_fraction"], 1)
+    config.dry_run = base.dry_run(num_devices=devices, device_memory_gb=jax_gb)
     return config
 
 
@@ -115,7 +128,8 @@ def dynamo_config(
     *,
     mesh_shape,
     devices: int,
-    micro_batches: int,
+    micro_tokens: int,
+    vllm: dict,
     max_prompt_tokens: int = 2048,
     max_new_tokens: int = 8192,
     dynamo_loss: dict | None = None,
@@ -124,7 +138,8 @@ def dynamo_config(
 
     `arg`: baseline=<Table 1 name>, ablation=<Table 2 name>, allocation=<policy name> (the
     policy DRA runs; any `AllocationConfig.policy`). Baselines and ablation=no_dra sample a
-    uniform 16 per prompt. `dynamo_loss`: the DynaMO loss's per-model hyperparameters.
+    uniform 16 per prompt. `dynamo_loss`: the DynaMO loss's per-model hyperparameters;
+    `micro_tokens` the per-GPU token budget of a micro-batch; `vllm` the sidecars' settings.
     """
     args = base.parse_arg(arg, baseline="dynamo", ablation="none", allocation="dynamo")
     baseline, ablation, policy = args["baseline"], args["ablation"], args["allocation"]
@@ -147,12 +162,13 @@ def dynamo_config(
         steps=DYNAMO_STEPS,
         prompts=DYNAMO_PROMPTS,
         mini_batch=DYNAMO_MINI_BATCH_PROMPTS * DYNAMO_N_AVG,  # responses
-        micro_batches=micro_batches,
+        micro_tokens=micro_tokens,
         max_prompt_tokens=max_prompt_tokens,
         max_new_tokens=max_new_tokens,
         mesh_shape=mesh_shape,
         devices=devices,
         overflow="truncate_left",  # the script's data.truncation='left'
+        vllm=vllm,
     )
     name = f"{preset}_{baseline}" + ("" if ablation == "none" else f"_{ablation}")
     config.name = name + ("" if policy == "dynamo" else f"_{policy}")
@@ -195,7 +211,8 @@ def e3_config(
     learning_rate: float,
     mesh_shape,
     devices: int,
-    micro_batches: int,
+    micro_tokens: int,
+    vllm: dict,
 ):
     """E3: rank allocation with the widening curriculum + entropy-holding temperature, G = 8."""
     steps = E3_STEPS
@@ -205,12 +222,13 @@ def e3_config(
         steps=steps,
         prompts=E3_PROMPTS,
         mini_batch=E3_PROMPTS * E3_G,  # the whole batch: one update per sampling
-        micro_batches=micro_batches,
+        micro_tokens=micro_tokens,
         max_prompt_tokens=E3_MAX_PROMPT_TOKENS,
         max_new_tokens=E3_MAX_NEW_TOKENS,
         mesh_shape=mesh_shape,
         devices=devices,
         overflow="filter",  # the scripts' filter_overlong_prompts=True, truncation='error'
+        vllm=vllm,
     )
     config.name = f"{preset}_e3"
     # E3 builds on GRPO's clipped surrogate (ε = 0.2 both sides, token-mean).

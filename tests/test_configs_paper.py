@@ -17,17 +17,19 @@ from dynamo_jax.allocation.priorities import e3_bounds
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.losses import BASELINES
 from dynamo_jax.models.presets import get_preset
-from dynamo_jax.train import make_optimizer
+from dynamo_jax.step.optimizer import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "math"
 
-# DynaMO configs: (file, preset, devices, max prompt tokens, max response tokens). Table 3 says
-# prompt ≤ 2,048 and response ≤ 8,192; Qwen2.5-Math's 4,096-token context forces 1,024 + 3,072.
+# DynaMO configs: (file, preset, devices, max prompt tokens, max response tokens, vLLM tensor
+# parallel). Table 3 says prompt ≤ 2,048 and response ≤ 8,192; Qwen2.5-Math's 4,096-token context
+# forces 1,024 + 3,072. Table 3's vLLM tensor parallel 2, except for 14B, which gives vLLM less of
+# each GPU (its config file says why) and so spreads its weights over 4.
 DYNAMO = [
-    ("dynamo_qwen25_math_1p5b", "qwen2.5-math-1.5b", 8, 1024, 3072),
-    ("dynamo_qwen25_math_7b", "qwen2.5-math-7b", 8, 1024, 3072),
-    ("dynamo_qwen3_14b", "qwen3-14b", 16, 2048, 8192),
+    ("dynamo_qwen25_math_1p5b", "qwen2.5-math-1.5b", 8, 1024, 3072, 2),
+    ("dynamo_qwen25_math_7b", "qwen2.5-math-7b", 8, 1024, 3072, 2),
+    ("dynamo_qwen3_14b", "qwen3-14b", 16, 2048, 8192, 4),
 ]
 # E3 configs: (file, preset, GPUs as in the paper, learning rate).
 E3 = [
@@ -64,8 +66,22 @@ def _data_paths_inside_the_project(run):
         assert resolved.is_file(), path
 
 
-@pytest.mark.parametrize("name,preset,devices,max_prompt,max_response", DYNAMO)
-def test_dynamo_configs_hold_table_3(name, preset, devices, max_prompt, max_response):
+def _throughput_settings(run, devices: int):
+    """verl's use_remove_padding / use_dynamic_bsz (packed rows of the run's longest sequence,
+    micro-batches by a per-GPU token budget of whole rows) and colocated vLLM sidecars whose
+    memory share and JAX's sum to at most 0.95; the dry run plans against JAX's share."""
+    train, rollout = run.train, run.rollout
+    assert (train.packing, train.pack_len, train.micro_batches) == (True, 0, 1)
+    budget = train.max_tokens_per_micro_batch
+    assert budget >= run.max_seq_len and budget % run.max_seq_len == 0
+    assert rollout.sidecar_devices == ()  # colocated on every GPU
+    assert rollout.gpu_memory_utilization + rollout.jax_memory_fraction <= 0.95 + 1e-9
+    assert run.dry_run.num_devices == devices
+    assert run.dry_run.device_memory_gb == pytest.approx(80.0 * rollout.jax_memory_fraction)
+
+
+@pytest.mark.parametrize("name,preset,devices,max_prompt,max_response,tp", DYNAMO)
+def test_dynamo_configs_hold_table_3(name, preset, devices, max_prompt, max_response, tp):
     run = _load(name)
     # The published model in bf16 compute with fp32 master weights and full remat.
     assert run.model == get_preset(
@@ -109,7 +125,8 @@ def test_dynamo_configs_hold_table_3(name, preset, devices, max_prompt, max_resp
     assert run.eval.max_problems == 0
     # The authors' script: 2,000 steps, a checkpoint every 20.
     assert (run.train.steps, run.checkpoint.every_steps) == (2000, 20)
-    assert run.dry_run.num_devices == devices and run.dry_run.device_memory_gb == 80.0
+    _throughput_settings(run, devices)
+    assert run.rollout.vllm_tensor_parallel == tp
     _data_paths_inside_the_project(run)
 
 
@@ -211,7 +228,7 @@ def test_e3_configs_hold_the_papers_training_details(name, preset, devices, lr):
     assert (run.loss.dual_clip, run.optim.weight_decay, run.optim.max_grad_norm) == (3.0, 0.01, 1.0)
     # Evaluation: 16 samples per problem at T = 1, pass@1 and pass@16.
     assert (run.eval.n_samples, run.eval.ks, run.eval.max_problems) == (16, (1, 16), 0)
-    assert run.dry_run.num_devices == devices and run.dry_run.device_memory_gb == 80.0
+    _throughput_settings(run, devices)
     _data_paths_inside_the_project(run)
 
 

@@ -335,7 +335,7 @@ def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
     padded row give the same loss, metrics and per-token gradients, for every baseline and
     aggregation mode and both ΔH modes; the padded value is also the float64 reference's."""
     inp, padded, packed, plan = _layouts()
-    assert plan.rows == len(inp["mask"]) and plan.segment_ids().max() >= 3  # really packed
+    assert plan.rows < len(inp["mask"]) and plan.segment_ids().max() >= 3  # really packed
     (loss, metrics), (g_lp, g_ent) = _loss_metrics_grads(cfg, padded)
     (p_loss, p_metrics), (p_lp, p_ent) = _loss_metrics_grads(cfg, packed)
     assert_close(loss, ref.policy_loss(inp, cfg)[0])

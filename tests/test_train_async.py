@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from test_train import (  # the same compilation cache and helpers as the synchronous tests
     ROOT,
+    _assert_same_tree,
     _deterministic,
     _final_state,
     _quiet,
     _short_config,
-    _wait_for_step,
     compilation_cache,  # noqa: F401 (an autouse fixture)
 )
 
@@ -28,6 +28,17 @@ from dynamo_jax import train
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.metrics import read_metrics
 from dynamo_jax.rollout.jax_engine import JaxEngine
+
+
+def _wait_for_step(proc, workdir, step, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if len(read_metrics(workdir)) >= step:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early: {proc.stderr.read().decode()[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
 def _launch(workdir, steps, every, *extra):
@@ -140,12 +151,12 @@ def test_sigkill_and_resume_is_bit_identical_with_staleness_one(tmp_path):
     got, want = _deterministic(read_metrics(killed)), _deterministic(read_metrics(reference))
     assert got == want, f"killed at step {kill_at}"
     assert [r["rollout/staleness"] for r in want] == [0] + [1] * (steps - 1)
-    step_a, params_a, host_a = _final_state(reference, config)
-    step_b, params_b, host_b = _final_state(killed, config)
+    step_a, params_a, all_a = _final_state(reference, config)
+    step_b, params_b, all_b = _final_state(killed, config)
     assert step_a == step_b == steps
-    for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    jax.tree.map(np.testing.assert_array_equal, host_a, host_b)
+    _assert_same_tree(params_a, params_b)
+    _assert_same_tree(all_a.device, all_b.device)
+    jax.tree.map(np.testing.assert_array_equal, all_a.host, all_b.host)
 
 
 def test_dynamic_sampling_trains_on_signal_and_records_every_group(tmp_path, monkeypatch):
