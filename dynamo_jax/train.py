@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import signal
@@ -73,15 +72,21 @@ from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
-from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.evaluate import OVERALL
+from dynamo_jax.logprob_pass import (
+    behaviour_logprobs,
+    layout_key,
+    old_logprobs,
+    row_layouts,
+    row_shards,
+)
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.report import UpdateResult, entropy_mean, step_metrics
 from dynamo_jax.report import timed as _timed
 from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
 from dynamo_jax.rollout.factory import build_engine
-from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline, TakenBatch
+from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline
 from dynamo_jax.rollout.protocol import RolloutEngine
 from dynamo_jax.rollouts import Drawn, Rollouts, generate, request, resample, rollouts_of, score
 from dynamo_jax.seeds import MINI_BATCH, step_seed
@@ -188,107 +193,6 @@ def build_batch(
     )
 
 
-def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]:
-    """(update, old-log-prob pass) row layouts: rows of train.pack_len tokens (default the run's
-    max_seq_len), packed or one sequence per row, in micro-batches of the token budget's rows
-    (max_tokens_per_micro_batch // row length per device) or of mini_batch_size / micro_batches
-    rows; a mini-batch holds mini_batch_size sequences, the log-prob pass the whole budget."""
-    train = cfg.train
-    row_len = train.pack_len or cfg.max_seq_len
-    if train.max_tokens_per_micro_batch:
-        micro_rows = data_shards * (train.max_tokens_per_micro_batch // row_len)
-    else:
-        micro_rows = train.mini_batch_size // train.micro_batches
-    layout = functools.partial(
-        RowLayout, row_len, train.packing, micro_rows, row_shards=data_shards
-    )
-    return layout(max_sequences=train.mini_batch_size), layout(max_sequences=cfg.budget)
-
-
-def old_logprobs(
-    batch: RolloutBatch, logprob: LogprobFn, params: Any, ref_params: Any, timings: dict
-) -> RolloutBatch:
-    """The batch with π_old's (and π_ref's) log-probs and π_old's entropy at its temperature,
-    from the trainer's own forward over the batch's sequences in `logprob.layout`'s rows."""
-    with _timed(timings, "old_logprobs"):
-        seqs = np.arange(batch.rows)
-        rows, plan = batching.layout_rows(batch, seqs, logprob.layout, logprob.batch_shardings)
-        # Each process feeds its own rows; outputs come back whole to every process.
-        model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
-        width = batch.tokens.shape[1]
-        back = lambda x: plan.gather(multihost.host_copy(x), width, 0.0)
-        logp, ent = logprob(params, model_in)
-        ref_logp = None
-        if ref_params is not None:
-            ref_logp = back(logprob(ref_params, model_in)[0])
-        old_logp, entropy = back(logp), back(ent)
-    return dataclasses.replace(batch, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
-
-
-def layout_key(batch: RolloutBatch) -> str:
-    """Fingerprint of a batch's layout (tokens and trained positions)."""
-    return hashlib.sha256(batch.tokens.tobytes() + batch.loss_mask.tobytes()).hexdigest()
-
-
-def _masked_abs_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
-    diff = np.abs(a - b)[mask > 0]
-    return float(diff.mean()) if diff.size else 0.0
-
-
-def behaviour_logprobs(
-    pipeline: RolloutPipeline,
-    step: int,
-    batch: RolloutBatch,
-    taken: TakenBatch,
-    logprob: LogprobFn,
-    params: Any,
-    ref_params: Any,
-    timings: dict,
-) -> tuple[RolloutBatch, dict]:
-    """The batch with π_old = the behaviour policy that sampled it (rollout/pipeline.py), the
-    current policy's entropy (and π_ref), and the log-prob metrics.
-
-    The trainer's forward with its current parameters (version step − 1) always runs: it is
-    π_old when the batch is on-policy, and the entropy and the reported staleness otherwise.
-    """
-    batch = old_logprobs(batch, logprob, params, ref_params, timings)
-    mask = batch.loss_mask
-    # Current trainer vs engine on the sampled tokens: ~0 when on-policy in float32; grows with
-    # staleness (the engine sampled with older weights) and with the engine's numerics.
-    metrics = {
-        "rollout/engine_logp_abs_diff": _masked_abs_diff(batch.old_logp, batch.engine_logp, mask)
-    }
-    version = taken.plan.version
-    if not pipeline.report_behaviour:
-        return batch, metrics  # synchronous, π_old from the trainer: the batch as it is
-    if pipeline.from_engine:
-        # Off the trained tokens the engine has no log-probs; the values there are never read.
-        behaviour = np.where(mask > 0, batch.engine_logp, batch.old_logp)
-    elif version == step - 1:
-        behaviour = batch.old_logp
-    elif taken.behaviour is not None:
-        if taken.behaviour.layout != layout_key(batch):
-            raise RuntimeError(
-                f"step {step}: the behaviour log-probs saved for this batch were computed on "
-                "another batch layout than build_batch gives now"
-            )
-        behaviour = taken.behaviour.logp
-    elif taken.behaviour_params is not None:
-        with _timed(timings, "behaviour_logprobs"):
-            behaviour = old_logprobs(batch, logprob, taken.behaviour_params, None, {}).old_logp
-    else:
-        raise RuntimeError(
-            f"step {step}: π_old of weight version {version} cannot be recomputed: neither its "
-            "parameters nor its log-probs were kept (a checkpoint written with "
-            "train.old_logp_source='engine' resumed with 'trainer'?)"
-        )
-    metrics["rollout/staleness"] = (step - 1) - version
-    metrics["rollout/behaviour_logp_abs_diff"] = _masked_abs_diff(
-        behaviour, batch.engine_logp, mask
-    )
-    return dataclasses.replace(batch, old_logp=behaviour), metrics
-
-
 def update(
     cfg: RunConfig,
     step: int,
@@ -300,7 +204,7 @@ def update(
     """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches, each laid into
     rows (packed or not) by the update's row layout; per update, the metrics also report the
     share of the fed token slots that held no token and the micro-batch count."""
-    layout, _ = row_layouts(cfg, _row_shards(train_step.batch_shardings["tokens"]))
+    layout, _ = row_layouts(cfg, row_shards(train_step.batch_shardings["tokens"]))
     fields = tuple(train_step.batch_shardings)
     size = cfg.train.mini_batch_size
     rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
@@ -328,12 +232,6 @@ def update(
     for m, extra in zip(fetched, layout_stats):
         m.update(extra)
     return state, UpdateResult(fetched, skipped)
-
-
-def _row_shards(sharding: Any) -> int:
-    """How many ways a batch sharding splits rows (the act_batch axes' mesh size)."""
-    n = sharding.mesh.size
-    return n // sharding.shard_shape((n,))[0]
 
 
 def record(

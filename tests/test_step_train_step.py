@@ -19,7 +19,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from dynamo_jax import batching, train
+from dynamo_jax import batching, logprob_pass
 from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses import LossConfig, TokenBatch, build_loss_fn, minibatch_stats
@@ -470,7 +470,7 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
     mesh = sub_mesh((1, 2, 4))
     logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
     placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
-    got = train.old_logprobs(
+    got = logprob_pass.old_logprobs(
         dataclasses.replace(rollouts, old_logp=None), logprob, placed, None, {}
     )
     scored = rollouts.loss_mask > 0

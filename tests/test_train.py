@@ -333,7 +333,9 @@ def test_ctrl_c_checkpoints_and_exits(tmp_path, monkeypatch):
 
 
 def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch, capsys):
-    real_old_logprobs = train.old_logprobs
+    from dynamo_jax import logprob_pass
+
+    real_old_logprobs = logprob_pass.old_logprobs
 
     calls = []
 
@@ -344,7 +346,7 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
             batch = dataclasses.replace(batch, old_logp=np.full_like(batch.old_logp, np.nan))
         return batch
 
-    monkeypatch.setattr(train, "old_logprobs", poisoned)
+    monkeypatch.setattr(logprob_pass, "old_logprobs", poisoned)
     config = _short_config(method="grpo", steps=6, every=1)
     config.train.max_consecutive_nonfinite = 3
     summary = train.run(from_config_dict(config), tmp_path)

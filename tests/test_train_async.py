@@ -192,8 +192,7 @@ def test_dynamic_sampling_trains_on_signal_and_records_every_group(tmp_path, mon
     assert [r["dynamic/kept_groups"] for r in records] == [
         len(np.unique(batches[s].prompt_id[batches[s].valid])) for s in range(1, steps + 1)
     ]
-    _, _, host = _final_state(tmp_path, config)
-    history = host["history"]
+    history = _final_state(tmp_path, config)[2].host["history"]
     assert int(history["total_generated"].sum()) == sum(n for _, n in generated)
     assert int(history["visits"].sum()) == len(generated)
     assert int(history["epochs_completed"]) == sum(r["dynamic/rounds"] for r in records)
