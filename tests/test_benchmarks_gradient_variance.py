@@ -1,0 +1,136 @@
+"""The statistics and the gradient capture of benchmarks/gradient_variance.py.
+
+Oracles: hand-worked numbers (arithmetic in the comments), float64 NumPy computed directly on
+the draws, and for the captured gradient the same train step with SGD at learning rate 1, whose
+parameter change is the gradient.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from dynamo_jax.losses import LossConfig
+from dynamo_jax.models.presets import get_preset
+from dynamo_jax.models.qwen import init_params
+from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+from dynamo_jax.sharding.rules import DEFAULT_RULES
+from dynamo_jax.step.state import train_state_from_params
+from dynamo_jax.step.train_step import make_train_step
+
+ROOT = Path(__file__).resolve().parents[1]
+# XLA's backend optimisation level 0 halves CPU compile time; it does not change the program.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "gradient_variance", ROOT / "benchmarks" / "gradient_variance.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gradient_variance", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+gv = _load_benchmark()
+
+
+def test_total_variance_hand_worked_and_against_direct_float64():
+    # Draws (0,0), (2,0), (1,3): mean (1,1); deviations (-1,-1), (1,-1), (0,2) with squared
+    # norms 2, 2, 4; unbiased total variance 8 / (3 - 1) = 4.
+    g = np.asarray([[0.0, 0.0], [2.0, 0.0], [1.0, 3.0]])
+    assert gv.total_variance(g @ g.T) == pytest.approx(4.0, rel=1e-12)
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(30, 50)) * rng.uniform(0.1, 3.0, 50) + 5.0
+    direct = np.var(g, axis=0, ddof=1).sum()
+    assert gv.total_variance(g @ g.T) == pytest.approx(direct, rel=1e-10)
+
+
+def test_bootstrap_variances_are_the_variances_of_the_resampled_draws():
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(12, 7))
+    boot = gv.bootstrap_variances(g @ g.T, 5, np.random.default_rng(7))
+    counts = np.random.default_rng(7).multinomial(12, np.full(12, 1 / 12), size=5)
+    for value, w in zip(boot, counts):
+        resampled = np.repeat(g, w, axis=0)
+        assert value == pytest.approx(np.var(resampled, axis=0, ddof=1).sum(), rel=1e-10)
+
+
+def test_appendix_c_and_the_two_models_of_an_allocation():
+    # sigma = [1, 1, 2, 0]: (sum sigma)^2 / (N sum sigma^2) = 16 / (4 * 6) = 2/3.
+    assert gv.appendix_c_optimum(np.asarray([1.0, 1.0, 2.0, 0.0])) == pytest.approx(2 / 3)
+    sigma2, n = np.asarray([1.0, 4.0]), np.asarray([4, 12])
+    # Prompt-mean model: (1/4 + 4/12) / ((1 + 4) / 8) = 0.583333 / 0.625 = 0.933333.
+    assert gv.prompt_mean_ratio(sigma2, n, 8) == pytest.approx(0.58333333 / 0.625)
+    # Token-mean model: (4*1 + 12*4) / (8 * (1 + 4)) = 52 / 40 = 1.3.
+    assert gv.token_mean_ratio(sigma2, n, 8) == pytest.approx(1.3)
+    # A prompt with sigma = 0 adds nothing to either (and no 0 / n_i term).
+    sigma2, n = np.asarray([1.0, 0.0]), np.asarray([8, 8])
+    assert gv.prompt_mean_ratio(sigma2, n, 8) == pytest.approx(1.0)
+    # p = 1/2, n = 2: P(mixed) = 1 - 1/4 - 1/4 = 1/2; p = 0 or 1: never mixed.
+    assert gv.mixed_group_probability(np.asarray([0.5, 0.0, 1.0]), 2) == pytest.approx(
+        [0.5, 0.0, 0.0]
+    )
+
+
+def test_draw_stats_cosine_and_bias_hand_worked():
+    # Draws (1,0), (0,1) against g_ref (1,0): cos^2 = 1 and 0, mean 1/2. Mean (1/2, 1/2),
+    # ||mean - g_ref||^2 = 1/4 + 1/4 = 1/2; variance (1/2 + 1/2) / 1 = 1, over D = 2 is 1/2;
+    # bias^2 = (1/2 - 1/2 - 0) / ||g_ref||^2 = 0, and with Var(g_ref) = 0.1 it is -0.1.
+    g_ref = np.asarray([1.0, 0.0])
+    stats = gv.DrawStats.of(np.asarray([[1.0, 0.0], [0.0, 1.0]], np.float32), g_ref)
+    assert stats.variance == pytest.approx(1.0)
+    assert stats.mean_cos2(g_ref) == pytest.approx(0.5)
+    assert stats.relative_bias2(g_ref, 0.0) == pytest.approx(0.0, abs=1e-12)
+    assert stats.relative_bias2(g_ref, 0.1) == pytest.approx(-0.1)
+
+
+def test_capture_gradient_holds_the_steps_gradient_and_leaves_params_unchanged():
+    cfg = get_preset("tiny-qwen3", vocab_size=32)
+    mesh = build_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
+    params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(3)))
+    rows, length = 8, 12
+
+    def batch(seed):
+        r = np.random.default_rng(seed)
+        loss_mask = np.zeros((rows, length), np.float32)
+        loss_mask[:, 6:] = 1.0
+        return {
+            "tokens": r.integers(1, 32, (rows, length)).astype(np.int32),
+            "positions": np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
+            "attention_mask": np.ones((rows, length), np.int32),
+            "loss_mask": loss_mask,
+            "advantages": r.normal(size=rows).astype(np.float32),
+            "old_logp": np.full((rows, length), -3.4, np.float32),
+            "temperature": np.float32(1.0),
+        }
+
+    def step_with(optimizer):
+        step = make_train_step(
+            cfg, LossConfig.preset("grpo"), optimizer, mesh, DEFAULT_RULES, batch_size=rows
+        )
+        make_state = lambda: train_state_from_params(params, optimizer, step.state_shardings)
+        compiled = step.fn.lower(make_state(), batch(0)).compile(FAST_COMPILE)
+        return compiled, make_state
+
+    sgd_step, sgd_state = step_with(optax.sgd(1.0))
+    capture_step, capture_state = step_with(gv.capture_gradient())
+    state = capture_state()
+    for seed in (0, 1):  # the second call replaces the captured gradient, it does not add to it
+        new_sgd, _ = sgd_step(sgd_state(), batch(seed))
+        sgd_grad = jax.tree.map(lambda p, n: p - np.asarray(n), params, new_sgd.params)
+        state, metrics = capture_step(state, batch(seed))
+        captured = jax.device_get(state.opt_state)
+        for a, b in zip(jax.tree.leaves(captured), jax.tree.leaves(sgd_grad)):
+            np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
+        leaves = jax.tree.leaves(captured)
+        norm = np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in leaves))
+        assert norm == pytest.approx(float(metrics["grad_norm"]), rel=1e-5)
+        assert norm > 1e-3  # a real gradient, not the zero update
+        for a, b in zip(jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(params)):
+            np.testing.assert_array_equal(a, b)
