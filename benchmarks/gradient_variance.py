@@ -20,7 +20,8 @@ How it is measured:
   epoch-end hook (E3 is then at its run's bounds [4, 12], the released heuristic has its
   per-epoch priority). The allocation n_i is a deterministic function of that history.
 - Gradient: each draw samples n_i fresh rollouts per prompt at T = 1 and runs the training
-  loop's own stages on them (`train.score`, `build_batch`, `old_logprobs`, `update`) with
+  loop's own stages on them (`rollouts.score`, `train.build_batch`,
+  `logprob_pass.old_logprobs`, `train.update`) with
   the whole batch as one mini-batch (one update: the loss over all B rows), the loss of
   `--loss_method`'s config (GRPO's plain clipped surrogate by default, the policy's own run).
   The optimizer is `capture_gradient()`: zero updates, the incoming gradient kept as its
@@ -276,20 +277,22 @@ class Pipeline:
         key = (prompts, n_avg)
         if key not in self._shapes:
             cfg = sized_config(self.cfg, prompts, n_avg)
-            logprob = make_logprob_fn(cfg.model, self.mesh, cfg.mesh.rules, batch_size=cfg.budget)
+            _, logprob_layout = self._layouts(cfg)
+            logprob = make_logprob_fn(cfg.model, self.mesh, cfg.mesh.rules, logprob_layout)
             self._shapes[key] = _Shape(cfg, logprob)
         shape = self._shapes[key]
         if with_step and shape.step is None:
             optimizer = capture_gradient()
             cfg = shape.cfg
+            train_layout, _ = self._layouts(cfg)
             shape.step = make_train_step(
                 cfg.model,
                 cfg.loss,
                 optimizer,
                 self.mesh,
                 cfg.mesh.rules,
-                batch_size=cfg.budget,
-                micro_batches=cfg.train.micro_batches,
+                batch_size=train_layout.max_rows,
+                micro_batches=train_layout.max_micro_batches,
                 seed=cfg.train.seed,
             )
             shape.state = train_state_from_params(
@@ -297,22 +300,29 @@ class Pipeline:
             )
         return shape
 
+    def _layouts(self, cfg):
+        """The (update, log-prob pass) row layouts train.build_trainer gives this config."""
+        from dynamo_jax.logprob_pass import row_layouts
+        from dynamo_jax.step.forward import data_shards
+
+        return row_layouts(cfg, data_shards(self.mesh, cfg.mesh.rules))
+
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""
-        from dynamo_jax import batching, train
+        from dynamo_jax import batching, logprob_pass, rollouts, train
 
         shape = self._shape(prompts, n_avg, with_step)
         timings: dict = {}
-        rewards, _ = train.score(self.task, completions, shape.cfg.budget, timings)
-        rollouts = train.Rollouts(
+        rewards, _ = rollouts.score(self.task, completions, shape.cfg.budget, timings)
+        drawn = rollouts.Rollouts(
             rows=np.zeros(0, np.int64),
             epoch_end=False,
             allocation=None,
             completions=completions,
             temperature=self.temperature,
         )
-        batch = train.build_batch(shape.cfg, self.task, rollouts, rewards)
-        batch = train.old_logprobs(batch, shape.logprob, self.params, None, timings)
+        batch = train.build_batch(shape.cfg, self.task, drawn, rewards)
+        batch = logprob_pass.old_logprobs(batch, shape.logprob, self.params, None, timings)
         groups = batching.group_stats(
             batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
         )
