@@ -103,7 +103,7 @@ def test_capture_gradient_holds_the_steps_gradient_and_leaves_params_unchanged()
         return {
             "tokens": r.integers(1, 32, (rows, length)).astype(np.int32),
             "positions": np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
-            "attention_mask": np.ones((rows, length), np.int32),
+            "segment_ids": np.ones((rows, length), np.int32),  # one sequence per row
             "loss_mask": loss_mask,
             "advantages": r.normal(size=rows).astype(np.float32),
             "old_logp": np.full((rows, length), -3.4, np.float32),
