@@ -437,13 +437,6 @@ def forward(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, segment_id
     return Transformer(cfg).apply({"params": params}, tokens_BxL, positions_BxL, segment_ids_BxL)
 
 
-def hidden(params: Any, cfg: ModelConfig, tokens_BxL, positions_BxL, segment_ids_BxL) -> Array:
-    """Final-norm hidden states [B, L, D]: a functional shorthand for `Transformer.hidden`."""
-    return Transformer(cfg).apply(
-        {"params": params}, tokens_BxL, positions_BxL, segment_ids_BxL, method=Transformer.hidden
-    )
-
-
 # Jitted shorthand (cfg static) shared by all callers, so equal shapes compile once.
 forward_jit = jax.jit(forward, static_argnums=1)
 
