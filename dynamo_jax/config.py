@@ -286,13 +286,13 @@ def check_cross_fields(run: RunConfig) -> None:
         )
     row_len = train.pack_len or run.max_seq_len
     if row_len < run.max_seq_len:
-        raise ValueError(
+        raise ConfigError(
             f"train.pack_len ({train.pack_len}) must be >= the run's max_seq_len "
             f"(data.max_prompt_tokens + rollout.max_new_tokens = {run.max_seq_len}): a row must "
             "hold the longest sequence"
         )
     if train.max_tokens_per_micro_batch and train.max_tokens_per_micro_batch < row_len:
-        raise ValueError(
+        raise ConfigError(
             f"train.max_tokens_per_micro_batch ({train.max_tokens_per_micro_batch}) must hold at "
             f"least one row of train.pack_len = {row_len} tokens"
         )
@@ -302,7 +302,7 @@ def check_cross_fields(run: RunConfig) -> None:
             f"({run.model.vocab_size}): the E3 gain uses the policy's |V|"
         )
     if train.old_logp_source == "engine" and (run.rollout.top_p < 1.0 or run.rollout.top_k != -1):
-        raise ValueError(
+        raise ConfigError(
             "train.old_logp_source='engine' needs rollout.top_p = 1 and rollout.top_k = -1: the "
             "engine's log-probs are of the top-k/top-p restricted distribution, the trainer's of "
             f"the full tempered softmax (got top_p {run.rollout.top_p}, top_k {run.rollout.top_k})"
@@ -312,7 +312,7 @@ def check_cross_fields(run: RunConfig) -> None:
             f"temperature.total_steps ({temp.total_steps}) must equal train.steps ({train.steps})"
         )
     if run.max_seq_len > run.model.max_position_embeddings:
-        raise ValueError(
+        raise ConfigError(
             f"data.max_prompt_tokens + rollout.max_new_tokens = {run.max_seq_len} exceeds the "
             f"model's context, model.max_position_embeddings = {run.model.max_position_embeddings}"
         )

@@ -18,6 +18,7 @@ import numpy as np
 
 from dynamo_jax import data
 from dynamo_jax.config import RunConfig
+from dynamo_jax.errors import ConfigError, DataError
 from dynamo_jax.models.tokenizer import stop_token_ids, tokenizer_from_spec
 from dynamo_jax.rewards import RewardPool
 from dynamo_jax.rewards.verdict import STATUSES
@@ -134,15 +135,15 @@ def build_task(cfg: RunConfig) -> Task:
     """The run's training prompts, scorer and evaluation problems (see the module docstring)."""
     tokenizer = task_tokenizer(cfg)
     if cfg.model.vocab_size < len(tokenizer):
-        raise ValueError(
+        raise ConfigError(
             f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
             f"vocabulary ({len(tokenizer)})"
         )
     prompts = data.build_prompts(_rows(cfg, cfg.data.paths), tokenizer, cfg.data)
     if len(prompts.rows) < cfg.train.prompts_per_step:
-        raise ValueError(
-            f"data: {len(prompts.rows)} usable prompts, fewer than train.prompts_per_step "
-            f"({cfg.train.prompts_per_step})"
+        raise DataError(
+            f"data.paths {list(cfg.data.paths)}: {len(prompts.rows)} usable prompts, fewer than "
+            f"train.prompts_per_step ({cfg.train.prompts_per_step})"
         )
     eval_rows, eval_tokens = [], []
     if cfg.data.task == "synthetic" or cfg.data.eval_paths:

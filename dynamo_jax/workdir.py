@@ -199,6 +199,8 @@ def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
     """Everything `train.run` checks before it builds anything: `check_inputs`, then
     `move_previous_run` if asked to start over (and says where it went), else `check_resumable`."""
     check_inputs(cfg)
+    if Path(workdir).exists() and not Path(workdir).is_dir():
+        raise ConfigError(f"--workdir {workdir}: exists and is not a directory")
     if not start_over:
         check_resumable(workdir, cfg)
         return

@@ -1,6 +1,7 @@
 """launch.py's handling of bad input: one or two plain lines, exit status 2, nothing created.
 (Exit status 1 of a run that stops early: test_train.py, which shares its compilation cache.)"""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,47 @@ def test_launch_invalid_config_prints_one_line_and_creates_nothing(tmp_path):
         "error: config.train (TrainConfig): train.seed must be an int in [0, 2**32), got -1"
     ]
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("train.pack_len=8",), "train.pack_len (8) must be >= the run's max_seq_len"),
+        (("train.max_tokens_per_micro_batch=8",), "must hold at least one row"),
+        (("rollout.max_new_tokens=5000",), "exceeds the model's context"),
+        (("train.old_logp_source=engine", "rollout.top_p=0.9"), "needs rollout.top_p = 1"),
+    ],
+)
+def test_cross_section_config_errors_are_user_errors(overrides, message):
+    """Checks that span sections are ConfigErrors too (launch.py prints one line, exit 2)."""
+    from dynamo_jax.config import from_config_dict
+
+    config = tiny.get_config()
+    for override in overrides:
+        path, value = override.split("=")
+        section, field = path.split(".")
+        current = config[section][field]
+        config[section][field] = type(current)(value) if current is not None else value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_config_dict(config)
+
+
+def test_task_and_workdir_errors_are_user_errors(tmp_path):
+    """A model vocabulary smaller than the tokenizer's, too few usable prompts and a workdir that
+    is a file were tracebacks; now one line each."""
+    from dynamo_jax import tasks, workdir
+    from dynamo_jax.config import from_config_dict
+
+    config = tiny.get_config()
+    config.model.vocab_size = 16
+    with pytest.raises(ConfigError, match=r"model.vocab_size \(16\) is smaller"):
+        tasks.build_task(from_config_dict(config))
+    config = tiny.get_config()
+    config.train.prompts_per_step = 64  # the synthetic max task has 25 problems
+    config.train.mini_batch_size = 64
+    with pytest.raises(DataError, match="25 usable prompts, fewer than train.prompts_per_step"):
+        tasks.build_task(from_config_dict(config))
+    file = tmp_path / "w"
+    file.write_text("")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        workdir.prepare(file, from_config_dict(tiny.get_config()), start_over=False)

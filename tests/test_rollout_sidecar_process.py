@@ -68,8 +68,8 @@ def wait_dead(pid: int, timeout_s: float) -> bool:
         ("sleep_level", 3, "SidecarConfig.sleep_level"),
         ("gpu_memory_utilization", 1.5, "SidecarConfig.gpu_memory_utilization"),
         ("dtype", "auto", "SidecarConfig.dtype"),
-        ("python", "/nonexistent/python", "SidecarConfig.python"),
-        ("model_path", "/nonexistent", "SidecarConfig.model_path"),
+        ("python", "/nonexistent/python", "rollout.sidecar_python"),
+        ("model_path", "/nonexistent", "init.checkpoint: no config.json"),
         ("shm_dir", "/nonexistent", "SidecarConfig.shm_dir"),
     ],
 )

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from dynamo_jax.errors import SidecarError
+from dynamo_jax.errors import ConfigError, SidecarError
 from dynamo_jax.rollout import weight_push, wire
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
 
@@ -99,11 +99,12 @@ class SidecarConfig:
                 f"SidecarConfig.dtype must be float32|bfloat16|float16, got {self.dtype!r}"
             )
         if not Path(self.python).is_file():
-            raise ValueError(
-                f"SidecarConfig.python: no interpreter at {self.python!r} (create the vLLM venv)"
+            raise ConfigError(
+                f"rollout.sidecar_python: no interpreter at {self.python!r} (create the vLLM "
+                "venv: bash scripts/make_vllm_venv.sh .venv-vllm)"
             )
         if not (Path(self.model_path) / "config.json").is_file():
-            raise ValueError(f"SidecarConfig.model_path: no config.json in {self.model_path!r}")
+            raise ConfigError(f"init.checkpoint: no config.json in {self.model_path!r}")
         if not Path(self.shm_dir).is_dir():
             raise ValueError(f"SidecarConfig.shm_dir: {self.shm_dir!r} is not a directory")
         object.__setattr__(self, "extra_env", tuple((str(k), str(v)) for k, v in self.extra_env))
@@ -242,6 +243,11 @@ def spawn(config: SidecarConfig, log_path: Path, socket_path: str) -> _Process:
     return _Process(popen, socket_path, secret, log_path)
 
 
+def _log_lines(path) -> str:
+    tail = log_tail(path).strip()
+    return f"its log is {path}. Last lines:\n{tail}" if tail else f"its log {path} is empty"
+
+
 def wait_healthy(process: _Process, timeout_s: float) -> dict:
     """Poll health until it answers; SidecarStartError naming the log file otherwise."""
     deadline = time.monotonic() + timeout_s
@@ -250,13 +256,13 @@ def wait_healthy(process: _Process, timeout_s: float) -> dict:
         if status is not None:
             raise SidecarStartError(
                 f"the vLLM sidecar exited with code {status} before becoming healthy; "
-                f"its log is {process.log_path}. Last lines:\n{log_tail(process.log_path)}"
+                + _log_lines(process.log_path)
             )
         if time.monotonic() > deadline:
             process.kill()
             raise SidecarStartError(
                 f"the vLLM sidecar was not healthy after {timeout_s} s and was killed; "
-                f"its log is {process.log_path}. Last lines:\n{log_tail(process.log_path)}"
+                + _log_lines(process.log_path)
             )
         if os.path.exists(process.socket_path):
             try:
