@@ -92,8 +92,8 @@ def _config():
     return from_config_dict(config)
 
 
-def _restore(workdir: Path):
-    """(step, train state, host payload, meta) of the newest checkpoint, on one device."""
+def _restore(workdir: Path, step: int = STEPS, all_steps: tuple | None = (STEPS,)):
+    """Checkpoint `step` on one device (`all_steps`: the steps the workdir must hold)."""
     from dynamo_jax.step.state import abstract_train_state
 
     cfg = _config()
@@ -108,8 +108,9 @@ def _restore(workdir: Path):
     }
     ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(), read_only=True)
     try:
-        assert ckpt.all_steps() == [STEPS]
-        restored = ckpt.restore(STEPS, abstract)
+        if all_steps is not None:
+            assert ckpt.all_steps() == list(all_steps)
+        restored = ckpt.restore(step, abstract)
     finally:
         ckpt.close()
     return restored
@@ -256,24 +257,6 @@ def test_scoring_is_split_over_processes_and_gathered(monkeypatch):
     assert want[1]["reward/wrong_share"] == 3 / 7  # ids 10, 13, 16 → code 1 ("wrong")
 
 
-def _restore_step(workdir: Path, step: int):
-    """(device items without the RNG key, host payload) of checkpoint `step`, on one device."""
-    from dynamo_jax.step.state import abstract_train_state
-
-    cfg = _config()
-    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
-    state = jax.tree.map(place, abstract_train_state(cfg.model, optimizer))
-    abstract = {"params": state.params, "opt_state": state.opt_state}
-    ckpt = Checkpointer(workdir / "checkpoints", CheckpointConfig(), read_only=True)
-    try:
-        restored = ckpt.restore(step, abstract)
-    finally:
-        ckpt.close()
-    return restored.device, restored.host
-
-
 STALENESS_ONE = ("--config.train.max_staleness=1", "--config.checkpoint.every_steps=2")
 
 
@@ -290,13 +273,11 @@ def test_staleness_one_on_two_processes_trains_like_one(tmp_path):
     assert _deterministic(got) == _deterministic(want)
     assert [r["rollout/staleness"] for r in got] == [0, 1, 1]
     for step in (2, STEPS):
-        (state_a, host_a), (state_b, host_b) = (
-            _restore_step(multi, step),
-            _restore_step(single, step),
-        )
-        jax.tree.map(np.testing.assert_array_equal, host_a, host_b)
-        jax.tree.map(np.testing.assert_array_equal, state_a, state_b)
-    assert int(np.asarray(_restore_step(multi, 2)[1]["pipeline"]["count"])) == 1
+        a, b = _restore(multi, step, None), _restore(single, step, None)
+        jax.tree.map(np.testing.assert_array_equal, a.host, b.host)
+        for item in ("params", "opt_state"):
+            jax.tree.map(np.testing.assert_array_equal, a.device[item], b.device[item])
+    assert int(np.asarray(_restore(multi, 2, None).host["pipeline"]["count"])) == 1
 
 
 @pytest.mark.vllm
