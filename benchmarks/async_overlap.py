@@ -1,6 +1,6 @@
 """Generation overlapped with training: the tiny run with the vLLM sidecar, staleness 1 vs 0.
 
-    python benchmarks/async_overlap.py [--steps 10] [--max_new_tokens 32] [--skip 3]
+    python benchmarks/async_overlap.py [--steps 40] [--max_new_tokens 32] [--skip 5] [--breakdown]
 
 Runs configs/tiny.py (GRPO, 16 prompts x 8 samples) with `rollout.engine=vllm` from one random
 HF checkpoint twice in this process: `train.max_staleness=0` (the synchronous peer: the trainer
@@ -15,9 +15,12 @@ on a worker thread while step t trains). Per run, medians over the steps after `
 Target (issue): step(staleness 1) <= 1.15 x max(generate, train) of the synchronous run, instead
 of their sum. Printed: that ratio, and the step-time speed-up of staleness 1 over staleness 0.
 
-Cores: the trainer runs XLA on one thread and the sidecar's vLLM binds its OpenMP thread to core
-1 (`VLLM_CPU_OMP_THREADS_BIND`), in both runs alike, so on a 2-core machine each side has a core
-of its own and overlap is possible at all; `--threads_unpinned` leaves both at their defaults.
+Cores: the trainer runs XLA on one thread and is bound to core 0 (with every thread it starts),
+and the sidecar process is started under `taskset -c 1` with its OpenMP thread on core 1
+(`VLLM_CPU_OMP_THREADS_BIND`), in both runs alike. On a 2-core machine each side then has a core
+of its own, so overlap is possible at all; left to the scheduler, the trainer's threads share the
+sidecar's core and both sides slow down when they run at once. `--threads_unpinned` leaves both
+at their defaults.
 """
 
 from __future__ import annotations
@@ -57,6 +60,16 @@ def run(workdir: Path, init: str, python: str, staleness: int, args) -> list[dic
     return read_metrics(workdir)[args.skip :]
 
 
+def pinned_interpreter(directory: Path, python: str, core: int) -> str:
+    """An executable that runs `python` bound to `core` (the sidecar's interpreter)."""
+    if not Path(python).is_file():
+        sys.exit(f"--vllm_python: no interpreter at {python!r}")
+    wrapper = directory / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {core} "{Path(python).absolute()}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def medians(records: list[dict]) -> dict:
     med = lambda key: statistics.median(r[key] for r in records)
     out = {"wait": med("time/generate"), "step": med("time/step")}
@@ -69,10 +82,13 @@ def medians(records: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the medians")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the medians")
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--threads_unpinned", action="store_true")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also print the median of every time/* metric"
+    )
     default_python = os.environ.get(
         "DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python")
     )
@@ -80,12 +96,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.skip >= args.steps:
         parser.error("--skip must be smaller than --steps")
+    python = args.vllm_python
+    wrapper_dir = tempfile.TemporaryDirectory(prefix="async-overlap-python-")
     if not args.threads_unpinned:
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "")
             + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         )
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(min(1, os.cpu_count() - 1))
+        trainer_core, sidecar_core = 0, min(1, os.cpu_count() - 1)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(sidecar_core)
+        os.sched_setaffinity(0, {trainer_core})  # before JAX starts: its threads inherit it
+        python = pinned_interpreter(Path(wrapper_dir.name), args.vllm_python, sidecar_core)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
@@ -101,11 +122,17 @@ def main() -> None:
             qwen.init_params(model_cfg, jax.random.key(0)), model_cfg, Path(tmp) / "init"
         )
         for staleness in (0, 1):
-            records = run(
-                Path(tmp) / f"staleness{staleness}", str(init), args.vllm_python, staleness, args
-            )
+            records = run(Path(tmp) / f"staleness{staleness}", str(init), python, staleness, args)
             results[staleness] = medians(records)
             m = results[staleness]
+            if args.breakdown:
+                keys = sorted(k for k in records[0] if k.startswith("time/"))
+                print(
+                    "  "
+                    + ", ".join(
+                        f"{k[5:]} {statistics.median(r[k] for r in records):.3f}" for k in keys
+                    )
+                )
             print(
                 f"staleness {staleness}: step {m['step']:.3f} s, waits {m['wait']:.3f} s for "
                 f"generation, generate {m['generate']:.3f} s, train {m['train']:.3f} s "
