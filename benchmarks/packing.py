@@ -1,7 +1,7 @@
 """Packed vs padded rows: tokens/s of the train step and of the old-log-prob pass.
 
     python benchmarks/packing.py                       # Qwen2.5-0.5B shape, 2 layers, CPU
-    python benchmarks/packing.py --layers 24 --sequences 4
+    python benchmarks/packing.py --layers 2,4,6 --sequences 16   # + per-layer fit, full depth
     python benchmarks/packing.py --shapes_only         # rows and padding of the papers' shapes
 
 Both sides run the trainer's own code on the same model, parameters and sequences: the
@@ -89,6 +89,35 @@ def _timed(fn) -> float:
 
 
 def run_model(args) -> None:
+    """Every depth of `--layers`; with two or more, the per-layer fit of each side's time."""
+    from dynamo_jax.models.presets import get_preset
+
+    depths = [int(x) for x in str(args.layers).split(",")]
+    times = {layers: measure(args, layers) for layers in depths}
+    if len(depths) < 2:
+        return
+    full = get_preset(args.preset).num_layers
+    print(
+        f"per-layer fit, time = per_layer * layers + rest (least squares over {depths} layers), "
+        f"extrapolated to the preset's {full} layers:"
+    )
+    x = np.array(depths, float)
+    for what, label in (("train", "train step"), ("logprob", "old-log-prob pass")):
+        fit = {
+            name: np.polyfit(x, [times[d][what, name] for d in depths], 1)
+            for name in ("padded", "packed")
+        }
+        (a_pad, rest_pad), (a_pack, rest_pack) = fit["padded"], fit["packed"]
+        print(
+            f"  {label}: per layer padded {a_pad:.2f} s, packed {a_pack:.2f} s "
+            f"(ratio {a_pad / a_pack:.2f}x); rest padded {rest_pad:.2f} s, packed "
+            f"{rest_pack:.2f} s; at {full} layers packed / padded = "
+            f"{np.polyval(fit['padded'], full) / np.polyval(fit['packed'], full):.2f}x"
+        )
+
+
+def measure(args, layers: int) -> dict:
+    """Median seconds per (train | logprob, padded | packed) at this depth (0 = the preset's)."""
     import jax
     import optax
 
@@ -101,7 +130,7 @@ def run_model(args) -> None:
     from dynamo_jax.step.state import init_train_state
     from dynamo_jax.step.train_step import make_train_step
 
-    overrides = {"num_layers": args.layers} if args.layers else {}
+    overrides = {"num_layers": layers} if layers else {}
     cfg = get_preset(args.preset, scan_layers=True, remat_policy=args.remat, **overrides)
     max_len = PROMPT_RANGE[1] + args.limit
     rng = np.random.default_rng(args.seed)
@@ -163,13 +192,16 @@ def run_model(args) -> None:
         for name in layouts:
             times["train", name].append(_timed(lambda name=name: train(name)))
             times["logprob", name].append(_timed(lambda name=name: forward(name)))
+    medians = {key: statistics.median(value) for key, value in times.items()}
     for what, label in (("train", "train step"), ("logprob", "old-log-prob pass")):
-        rate = {name: real_tokens / statistics.median(times[what, name]) for name in layouts}
+        rate = {name: real_tokens / medians[what, name] for name in layouts}
         print(
-            f"{label}: padded {rate['padded']:,.0f} tokens/s, packed {rate['packed']:,.0f} "
-            f"tokens/s: packed / padded = {rate['packed'] / rate['padded']:.2f}x"
+            f"{label}: padded {rate['padded']:,.0f} tokens/s ({medians[what, 'padded']:.2f} s), "
+            f"packed {rate['packed']:,.0f} tokens/s ({medians[what, 'packed']:.2f} s): "
+            f"packed / padded = {rate['packed'] / rate['padded']:.2f}x"
         )
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return medians
 
 
 # The papers' runs: (name, prompts x rollouts per step, sequences per mini-batch, max prompt,
@@ -225,7 +257,11 @@ def shapes_only(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen2.5-0.5b", help="model preset (models/presets.py)")
-    parser.add_argument("--layers", type=int, default=2, help="override num_layers (0 = preset)")
+    parser.add_argument(
+        "--layers",
+        default="2",
+        help="override num_layers (0 = preset); a comma list runs each and fits time per layer",
+    )
     parser.add_argument("--sequences", type=int, default=8, help="sequences of the batch")
     parser.add_argument("--limit", type=int, default=1024, help="response length limit")
     parser.add_argument("--iters", type=int, default=3, help="timed calls per side (median)")
