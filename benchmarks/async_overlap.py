@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -64,6 +65,8 @@ def pinned_interpreter(directory: Path, python: str, core: int) -> str:
     """An executable that runs `python` bound to `core` (the sidecar's interpreter)."""
     if not Path(python).is_file():
         sys.exit(f"--vllm_python: no interpreter at {python!r}")
+    if shutil.which("taskset") is None:
+        sys.exit("taskset (util-linux) is not on PATH: install it or pass --threads_unpinned")
     wrapper = directory / "python"
     wrapper.write_text(f'#!/bin/sh\nexec taskset -c {core} "{Path(python).absolute()}" "$@"\n')
     wrapper.chmod(0o755)
@@ -96,8 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.skip >= args.steps:
         parser.error("--skip must be smaller than --steps")
-    python = args.vllm_python
-    wrapper_dir = tempfile.TemporaryDirectory(prefix="async-overlap-python-")
+    python, wrapper_dir = args.vllm_python, None
     if not args.threads_unpinned:
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "")
@@ -106,6 +108,7 @@ def main() -> None:
         trainer_core, sidecar_core = 0, min(1, os.cpu_count() - 1)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(sidecar_core)
         os.sched_setaffinity(0, {trainer_core})  # before JAX starts: its threads inherit it
+        wrapper_dir = tempfile.TemporaryDirectory(prefix="async-overlap-python-")
         python = pinned_interpreter(Path(wrapper_dir.name), args.vllm_python, sidecar_core)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax

@@ -92,11 +92,11 @@ def run_model(args) -> None:
     """Every depth of `--layers`; with two or more, the per-layer fit of each side's time."""
     from dynamo_jax.models.presets import get_preset
 
-    depths = [int(x) for x in str(args.layers).split(",")]
-    times = {layers: measure(args, layers) for layers in depths}
-    if len(depths) < 2:
-        return
     full = get_preset(args.preset).num_layers
+    depths = [int(x) or full for x in str(args.layers).split(",")]  # 0: the preset's depth
+    times = {layers: measure(args, layers) for layers in depths}
+    if len(set(depths)) < 2:
+        return
     print(
         f"per-layer fit, time = per_layer * layers + rest (least squares over {depths} layers), "
         f"extrapolated to the preset's {full} layers:"
