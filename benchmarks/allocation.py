@@ -14,7 +14,7 @@ updates the history, and calls `on_epoch_end` after each pass. Printed, each as 
   paper's Appendix C optimum (Σσ)² / (N Σσ²) of the same batches is printed as the bound.
 
 Policies: uniform, DynaMO's Alg. 1 (dynamo), the allocation the DynaMO authors' script runs
-(dynamo_as_run), the DynaMO recipe's other heuristic (dynamo_released), E3, and the §5b options
+(dynamo_as_run), the DynaMO recipe's other heuristic (dynamo_released), E3, and the options of docs/algorithm.md#allocation-variants
 of dynamo (posterior priority, n_i ∝ σ_i, both). The entropy factor is left out: the simulated
 pool has no token entropies.
 

@@ -8,7 +8,7 @@ For a fixed policy (configs/tiny.py's model at several stages of one GRPO run: `
 `sample_efficiency.py --warm_start K` starts from) and a fixed batch of N = 16 prompts (the
 run's first batch), it compares the allocations of the same budget B = 16 x 8 rollouts:
 uniform (GRPO), dynamo (the paper's Alg. 1), dynamo_as_run (the authors' script),
-dynamo_released (the recipe's other heuristic), e3 and the ALGORITHM.md section-5b options
+dynamo_released (the recipe's other heuristic), e3 and the options of docs/algorithm.md#allocation-variants
 (dynamo_posterior, dynamo_std, dynamo_entropy, dynamo_posterior_std), each with the allocation
 section of its configs/tiny.py method.
 

@@ -16,7 +16,7 @@ runs DynaMO's two halves alone (dynamo_no_dra: uniform allocation + GC/UMS loss;
 dynamo_no_modulation: water-level allocation + plain surrogate), so a difference can be traced
 to the allocation or to the loss, and DynaMO with the allocation its authors' script runs
 (dynamo_as_run). `--methods` takes any method of configs/tiny.py, e.g. the allocation options
-of ALGORITHM.md §5b (dynamo_posterior, dynamo_std, dynamo_entropy, dynamo_posterior_std).
+of docs/algorithm.md#allocation-variants (dynamo_posterior, dynamo_std, dynamo_entropy, dynamo_posterior_std).
 Target from the issue: DynaMO <= 0.8x
 GRPO steps to 0.9. `grpo_dynamic_sampling` (GRPO + DAPO's dynamic sampling) generates more
 rollouts than the budget per step: the last column (rollouts generated per step) is its cost. `--diagnose` also prints, for every run, the problems whose final greedy

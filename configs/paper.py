@@ -6,12 +6,12 @@ All of them: the project's verl-parquet math data (data/math: E3's 10,240 traini
 evaluated on test.jsonl's AIME24, AMC23, MATH500 and OlympiadBench), the vLLM sidecar for
 rollouts, FSDP meshes, bf16 compute with fp32 master weights, full remat.
 
-The values are the papers' published run settings (ALGORITHM.md §9): DynaMO's Table 3 and its
+The values are the papers' published run settings (docs/algorithm.md#run-settings): DynaMO's Table 3 and its
 authors' `run_qwen2.5-math-7b.sh`; E3's "Training Details" and its authors' `train_*.sh`. Where
 this project's conventions differ from verl's the value is converted and says so (mini-batches
 count responses here, prompts in verl; warm-up counts optimizer updates here, RL steps in verl).
 The one per-model departure, a response cut to fit a shorter context, is stated in the model's
-config file. The DynaMO paper's own training set is not part of ALGORITHM.md: its runs here use
+config file. The DynaMO paper's own training set is not part of docs/algorithm.md#run-settings: its runs here use
 E3's set (20 steps per pass at 512 prompts, so 2,000 steps are 100 passes).
 
 Throughput settings, as verl's `use_remove_padding` / `use_dynamic_bsz`: sequences are packed
@@ -42,7 +42,7 @@ ABLATIONS = {
     "no_modulation": (True, False, False),
 }
 
-# ---- DynaMO, paper Table 3 (ALGORITHM.md §9) ----
+# ---- DynaMO, paper Table 3 (docs/algorithm.md#run-settings) ----
 DYNAMO_STEPS = 2000  # the authors' script: total_training_steps
 DYNAMO_PROMPTS = 512  # generation batch (prompts per step)
 DYNAMO_N_AVG, DYNAMO_G_MIN, DYNAMO_G_MAX = 16, 8, 24  # rollouts per prompt: mean, range
@@ -56,7 +56,7 @@ DYNAMO_EVAL_EVERY, DYNAMO_EVAL_SAMPLES, DYNAMO_EVAL_KS = 5, 32, (1, 32)  # pass@
 DYNAMO_SAVE_EVERY = 20
 DYNAMO_VLLM_MAX_SEQS = 1024
 
-# ---- E3, paper §5 "Training Details" (ALGORITHM.md §9) ----
+# ---- E3, paper Section 5 "Training Details" (docs/algorithm.md#run-settings) ----
 E3_STEPS = 480  # 3 epochs × 10,240 training problems / 64 per step
 E3_PROMPTS, E3_G = 64, 8  # batch 64 prompts × G = 8, one policy update per batch
 # The curriculum's limits after two epochs (G = 8 widened by 2 per epoch, both sides).

@@ -12,8 +12,8 @@ clipped surrogate), e3 (rank allocation with curriculum + entropy-holding temper
 two halves of DynaMO alone (Table 2's ablations at tiny scale): dynamo_no_dra (uniform allocation,
 GC/UMS loss) and dynamo_no_modulation (water-level allocation, plain clipped surrogate).
 DynaMO with another allocation, same GC/UMS loss: dynamo_as_run (the authors' script's
-allocation, ALGORITHM.md §5 "Code differs"), and the paper-derivation options of ALGORITHM.md
-§5b: dynamo_posterior (Beta(1, 1) posterior priority), dynamo_std (n_i ∝ σ_i), dynamo_entropy
+allocation, docs/algorithm.md#dynamo-as-the-authors-run-it), and the paper-derivation options of
+docs/algorithm.md#allocation-variants: dynamo_posterior (Beta(1, 1) posterior priority), dynamo_std (n_i ∝ σ_i), dynamo_entropy
 (σ_i scaled by the entropy factor) and dynamo_posterior_std (both of the first two).
 And grpo_dynamic_sampling (GRPO with DAPO's dynamic sampling: groups whose rewards are all
 equal are dropped and more prompts drawn, so a step generates more than the budget;
@@ -37,7 +37,7 @@ METHODS = (
     "dynamo_posterior_std",
     "grpo_dynamic_sampling",
 )
-# DynaMO allocation options (ALGORITHM.md §5b) by method; all else is the `dynamo` method's
+# DynaMO allocation options (docs/algorithm.md#allocation-variants) by method; all else is the `dynamo` method's
 VARIANTS = {
     "dynamo_posterior": {"priority": "posterior"},
     "dynamo_std": {"allocate_by": "std"},

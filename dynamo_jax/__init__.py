@@ -15,7 +15,7 @@ Shape letters, one legend for the whole package. Array names carry their shape a
     J  blocks and C entries per block of a two-level scan;   Y  stop-id slots
 
 Algorithm symbols that are not shapes keep their papers' names in prose (G_i rollouts of prompt
-i, K_t the concentration term of ALGORITHM.md §4.2, n_i the allocation).
+i, K_t the concentration term of docs/algorithm.md#update-magnitude-stabilisation, n_i the allocation).
 """
 
 __version__ = "0.1.0"

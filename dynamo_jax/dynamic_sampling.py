@@ -1,7 +1,7 @@
-"""DAPO's dynamic sampling (arXiv 2503.14476, ALGORITHM.md §10): train only on groups whose
+"""DAPO's dynamic sampling (arXiv 2503.14476, docs/algorithm.md#dynamic-sampling): train only on groups whose
 rewards are not all equal, sampling more prompts until the batch holds N of them.
 
-A group whose rewards are all equal has a GRPO advantage of 0 on every token (§2), so it adds
+A group whose rewards are all equal has a GRPO advantage of 0 on every token (docs/algorithm.md#grpo-advantages), so it adds
 no policy gradient and only dilutes the token mean. With `train.dynamic_sampling`, a step's
 requested batch is round 0; while the kept groups do not fill the batch and fewer than
 `train.max_sampling_rounds` rounds have been drawn, another round is drawn: the data iterator's

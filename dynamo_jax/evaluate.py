@@ -4,7 +4,7 @@
 
 `evaluate` works with any `RolloutEngine` and any scorer with `score(texts, golds)` (the
 math-verify `RewardPool`, the synthetic task's `SyntheticScorer`). pass@k is the unbiased
-estimator of Chen et al. (2021), ALGORITHM.md §8:
+estimator of Chen et al. (2021), docs/algorithm.md#evaluation:
 
     pass@k = 1 − C(n−c, k) / C(n, k) = 1 − Π_{i=n−c+1}^{n} (1 − k/i)     (1 when n − c < k)
 

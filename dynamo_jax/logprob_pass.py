@@ -3,7 +3,7 @@
 `old_logprobs` runs the trainer's forward (step/forward.py) over a batch's sequences laid into
 rows (packed or one per row, data/packing.py): log π, the entropy H and, with a KL term, log π_ref
 per token at the batch's temperature. `behaviour_logprobs` turns that into the ratio's
-denominator: π_old is the policy that generated the batch (ALGORITHM.md §10), which is the
+denominator: π_old is the policy that generated the batch (docs/algorithm.md#asynchronous-rollouts), which is the
 trainer's current policy when the batch is on-policy, else the generating version's kept
 parameters, its log-probs saved in a checkpoint, or the engine's own log-probs
 (rollout/pipeline.py says which).

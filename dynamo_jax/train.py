@@ -1,6 +1,6 @@
 """The RL training loop: allocate → generate → score → advantages → old log-probs → update.
 
-One step, top to bottom (`rl_step`), as in DESIGN.md "One training step, as data":
+One step, top to bottom (`rl_step`), as in docs/design.md#one-step-as-data:
 1. the data iterator hands out N dataset rows; the allocator splits the budget B = N · n_avg into
    n_i per prompt; the temperature scheduler gives τ (`request`: a `BatchPlan`);
 2. the rollout engine samples n_i completions per prompt at τ (seed derived from (seed, step));

@@ -1,4 +1,5 @@
-"""Float64 NumPy reference of ALGORITHM.md §1–4 and §7, written from the text, token by token.
+"""Float64 NumPy reference of docs/algorithm.md#log-probabilities-and-entropy through
+docs/algorithm.md#advantage-modulation and docs/algorithm.md#baselines, written from the text, token by token.
 
 Deliberately simple (explicit loops, full softmax, python grouping) and independent of the JAX
 code's structure: it sees the whole mini-batch at once and knows nothing of micro-batches,
@@ -15,7 +16,7 @@ LOG_RATIO_CLAMP = 20.0  # the project's stated choice (verl's), see dynamo_jax/l
 
 
 def logprobs_entropy_k(hidden, w, targets, temperature):
-    """§1 with a full float64 softmax: log π(a), H, K = Σ π²(log π + H)."""
+    """docs/algorithm.md#log-probabilities-and-entropy with a full float64 softmax: log π(a), H, K = Σ π²(log π + H)."""
     z = (hidden.astype(np.float64) @ w.astype(np.float64)) / temperature
     m = z.max(axis=-1, keepdims=True)
     logpi = z - (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))
@@ -26,7 +27,7 @@ def logprobs_entropy_k(hidden, w, targets, temperature):
 
 
 def grpo_advantages(rewards, group_ids, norm_adv_by_std=True, eps=1e-6):
-    """§2: per prompt id, (R − mean)/(unbiased std + ε) or R − mean; lone responses get 0."""
+    """docs/algorithm.md#grpo-advantages: per prompt id, (R − mean)/(unbiased std + ε) or R − mean; lone responses get 0."""
     rewards = np.asarray(rewards, np.float64)
     adv = np.zeros_like(rewards)
     for gid in set(np.asarray(group_ids).tolist()):
@@ -45,7 +46,7 @@ def _sigmoid(x):
 
 
 def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
-    """§4: returns (Â, β_comp, β_stab) as [B, L] float64 arrays (0 on padding)."""
+    """docs/algorithm.md#advantage-modulation: returns (Â, β_comp, β_stab) as [B, L] float64 arrays (0 on padding)."""
     B, L = mask.shape
     valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
     hs = [ent[b, t] for b, t in valid]
@@ -110,7 +111,7 @@ def _covariance(logp, adv, mask):
 
 
 def policy_loss(inp: dict, cfg):
-    """The mini-batch loss of §3/§4/§7 and the per-token Â; `inp` holds [B, L] arrays."""
+    """The mini-batch loss (docs/algorithm.md#policy-loss with modulation and baselines) and the per-token Â; `inp` holds [B, L] arrays."""
     logp, old, ent, adv = (
         np.asarray(inp[k], np.float64) for k in ("logp", "old_logp", "ent", "adv")
     )

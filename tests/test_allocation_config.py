@@ -37,7 +37,7 @@ def test_defaults_are_valid():
         ({"policy": "dynamo", "prior_b": float("inf")}, "prior_b"),
         ({"policy": "dynamo", "prior_b": True}, "prior_b"),
         ({"policy": "dynamo", "entropy_factor": 1}, "entropy_factor"),
-        # the §5b options belong to "dynamo": elsewhere they would be silently ignored
+        # the options of docs/algorithm.md#allocation-variants belong to "dynamo": elsewhere they would be silently ignored
         ({"policy": "uniform", "allocate_by": "std"}, "allocate_by"),
         ({"policy": "dynamo_as_run", "priority": "posterior"}, "priority"),
         ({"policy": "e3", "entropy_factor": True}, "entropy_factor"),

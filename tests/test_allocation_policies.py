@@ -1,7 +1,8 @@
 """Allocation policies: hand-worked cases from the papers' rules and the DynaMO authors' code
-(ALGORITHM.md §5, §5b, §6) and hypothesis properties (exact budget, bounds, determinism,
+(docs/algorithm.md#water-level-allocation, docs/algorithm.md#allocation-variants,
+docs/algorithm.md#e3-allocation) and hypothesis properties (exact budget, bounds, determinism,
 permutation invariance, DynaMO monotonicity) for every policy and option, plus DynaMO (with its
-§5b options) and DynaMO-as-run against scalar references."""
+allocation options) and DynaMO-as-run against scalar references."""
 
 import copy
 import math
@@ -18,7 +19,7 @@ from dynamo_jax.allocation import AllocationConfig, PromptHistory, make_allocato
 from dynamo_jax.allocation.priorities import e3_bounds, e3_difficulty_rank
 
 POLICIES = ["uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3"]
-# Every policy, plus DynaMO's §5b options together, for the property test (each option alone
+# Every policy, plus DynaMO's allocation options together, for the property test (each option alone
 # is drawn by test_dynamo_options_match_reference_and_are_monotone_in_weight).
 CASES = [(policy, {}) for policy in POLICIES] + [
     ("dynamo", {"allocate_by": "std", "priority": "posterior", "entropy_factor": True}),
@@ -101,7 +102,7 @@ def test_dynamo_shortfall_when_budget_exceeds_n_g_max():
     assert r.n.tolist() == [8, 8] and r.shortfall == 4
 
 
-# ---------------------------------------------------------------- hand-worked: §5b options
+# ---------------------------------------------------------------- hand-worked: allocation options
 
 
 def test_dynamo_posterior_priority_feeds_unsolved_prompts():
@@ -289,12 +290,12 @@ NUM_PROMPTS = 40
 @st.composite
 def scenarios(draw, policy, options=None):
     """A random history, batch, budget and permutation; `options`: AllocationConfig fields
-    (None: the defaults, "draw": random §5b options)."""
+    (None: the defaults, "draw": random allocation options)."""
     options = {} if options is None else options
     g_min = draw(st.integers(1, 4))
     n_avg = draw(st.integers(g_min, g_min + 4))
     g_max = draw(st.integers(n_avg, n_avg + 8))
-    if options == "draw":  # DynaMO's §5b options (dyadic priors: exact float arithmetic)
+    if options == "draw":  # DynaMO's allocation options (dyadic priors: exact float arithmetic)
         options = {
             "allocate_by": draw(st.sampled_from(["variance", "std"])),
             "priority": draw(st.sampled_from(["unbiased", "posterior"])),
@@ -368,7 +369,7 @@ def test_budget_bounds_determinism_permutation(policy, options, data):
 
 
 def ref_weights(gen, cor, entropy, cfg):
-    """The fill weights of ALGORITHM.md §5 / §5b, one prompt at a time.
+    """The fill weights of docs/algorithm.md#water-level-allocation and its variants, one prompt at a time.
 
     Exact rationals for the paper's rule (and the posterior, whose dyadic priors keep float
     arithmetic exact); float64 once a square root or the entropy factor enters, with the same
@@ -396,7 +397,7 @@ def ref_weights(gen, cor, entropy, cfg):
 
 
 def ref_dynamo(gen, cor, keys, budget, cfg, entropy=None):
-    """ALGORITHM.md §5 (and §5b's weights) with exact rationals, one prompt at a time."""
+    """docs/algorithm.md#water-level-allocation (and the variants' weights) with exact rationals, one prompt at a time."""
     size, lo, hi = len(keys), cfg.g_min, cfg.g_max
     scarce = [g < cfg.min_history for g in gen]
     w = ref_weights(gen, cor, entropy or [math.nan] * size, cfg)
@@ -473,7 +474,7 @@ def test_dynamo_options_match_reference_and_are_monotone_in_weight(data):
 
 
 def ref_as_run(gen, cor, keys, budget, cfg):
-    """ALGORITHM.md §5 "Code differs" one prompt at a time: the priority of `update_rank`, the
+    """docs/algorithm.md#dynamo-as-the-authors-run-it one prompt at a time: the priority of `update_rank`, the
     split of `get_rollout_n_per_prompt`, inside the shared budget contract."""
     size, lo, hi = len(keys), cfg.g_min, cfg.g_max
     prio = [float(ref_as_run_priority(int(g), int(k))) for g, k in zip(gen, cor)]

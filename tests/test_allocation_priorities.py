@@ -1,4 +1,5 @@
-"""Priority formulas against references worked from ALGORITHM.md §5, §5b and §6."""
+"""Priority formulas against references worked from docs/algorithm.md#water-level-allocation,
+docs/algorithm.md#allocation-variants and docs/algorithm.md#e3-allocation."""
 
 import math
 from fractions import Fraction

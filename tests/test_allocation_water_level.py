@@ -1,5 +1,5 @@
 """Budget-splitting primitives: hand-worked Alg. 1 / E3 / DynaMO-as-run cases, an exact-arithmetic
-(fractions.Fraction) scalar reference of ALGORITHM.md §5 step 2, and a float64 scalar transcription
+(fractions.Fraction) scalar reference of docs/algorithm.md#water-level-allocation step 2, and a float64 scalar transcription
 of the DynaMO authors' `get_rollout_n_per_prompt`, compared under hypothesis."""
 
 import math

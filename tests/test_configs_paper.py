@@ -1,5 +1,5 @@
 """The reproduction configs (configs/paper.py and the files built on it) against the papers'
-published run settings, ALGORITHM.md §9, written out here independently of configs/paper.py so a
+published run settings, docs/algorithm.md#run-settings, written out here independently of configs/paper.py so a
 drift in either is caught: DynaMO's Table 3 (+ its authors' run_qwen2.5-math-7b.sh) and E3's
 "Training Details" (+ its authors' train_*.sh)."""
 

@@ -153,7 +153,7 @@ def test_micro_batching_does_not_change_loss_or_gradient(inputs, baseline, agg):
 
 
 def test_micro_batch_stats_scope_differs_from_global(inputs):
-    """The authors' per-micro-batch statistics change Â with the split; ours do not (§4.3)."""
+    """The authors' per-micro-batch statistics change Â with the split; ours do not (docs/algorithm.md#scope-of-the-statistics)."""
     cfg_g = cfg_for("dynamo")
     cfg_m = dataclasses.replace(cfg_g, stats_scope="micro_batch")
     batch = to_batch(inputs)
@@ -331,7 +331,7 @@ LAYOUT_CONFIGS = (
     ids=lambda c: f"{c.baseline}-{c.loss_agg_mode}-{c.entropy_change}-{c.kl}",
 )
 def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
-    """ALGORITHM.md §11: the same sequences packed several to a row (segment ids) or one per
+    """docs/algorithm.md#packed-sequences: the same sequences packed several to a row (segment ids) or one per
     padded row give the same loss, metrics and per-token gradients, for every baseline and
     aggregation mode and both ΔH modes; the padded value is also the float64 reference's."""
     inp, padded, packed, plan = _layouts()

@@ -1,4 +1,4 @@
-"""Rollout allocation (uniform, DynaMO water-level with its §5b options, DynaMO as the authors'
+"""Rollout allocation (uniform, DynaMO water-level with its options (docs/algorithm.md#allocation-variants), DynaMO as the authors'
 script runs it, the DynaMO recipe's other heuristic, E3 rank) and the sampling-temperature
 scheduler (fixed or E3), with the per-prompt history they run on."""
 

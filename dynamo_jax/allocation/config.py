@@ -1,8 +1,8 @@
 """Frozen, validated configs for rollout allocation and the sampling-temperature scheduler.
 
-ALGORITHM.md §5 (DynaMO DRA, the authors' code as run, the recipe's other heuristic), §5b (the
-allocation variants beyond the paper) and §6 (E3 rank allocation, curriculum and temperature
-scheduler). `dynamo_jax/config.py` maps the ConfigDict sections
+docs/algorithm.md#water-level-allocation (DynaMO DRA, the authors' code as run, the recipe's
+other heuristic), docs/algorithm.md#allocation-variants (beyond the paper),
+docs/algorithm.md#e3-allocation and docs/algorithm.md#temperature-scheduler (E3). `dynamo_jax/config.py` maps the ConfigDict sections
 `allocation` and `temperature` onto these classes; nothing else reads them by key.
 """
 
@@ -12,7 +12,8 @@ import dataclasses
 import math
 
 POLICIES = ("uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3")
-# Options of the "dynamo" policy (ALGORITHM.md §5b); the first of each is the paper's rule.
+# Options of the "dynamo" policy (docs/algorithm.md#allocation-variants); the first of each is
+# the paper's rule.
 ALLOCATE_BY = ("variance", "std")
 PRIORITIES = ("unbiased", "posterior")
 TEMPERATURE_MODES = ("fixed", "e3")
@@ -31,17 +32,17 @@ class AllocationConfig:
       "uniform"          n_avg each (the GRPO baseline; also DynaMO's "DRA off" ablation).
       "dynamo"           paper Alg. 1: water-level allocation by the unbiased Bernoulli
                          variance P_i = k_i (G_i - k_i) / (G_i (G_i - 1)).
-      "dynamo_as_run"    what the authors' released script runs (ALGORITHM.md §5 "Code
-                         differs"): their floored, tie-broken priority and their
+      "dynamo_as_run"    what the authors' released script runs
+                         (docs/algorithm.md#dynamo-as-the-authors-run-it): their floored, tie-broken priority and their
                          exploration / raise / proportional-pour split.
       "dynamo_released"  the heuristic of the recipe's own dataset class, which the authors'
-                         script never runs (ALGORITHM.md §5 "Code differs").
+                         script never runs (docs/algorithm.md#the-recipes-other-heuristic).
       "e3"               E3 difficulty-rank allocation with the widening [G_min, G_max]
-                         curriculum (ALGORITHM.md §6).
+                         curriculum (docs/algorithm.md#e3-allocation).
     Bounds: every prompt gets n_i in [g_min, g_max] (for "e3" these are the curriculum's
     limits; the bounds start at n_avg and widen by `e3_curriculum_step` per epoch).
-    `allocate_by`, `priority` and `entropy_factor` are options of "dynamo" only (§5b); their
-    defaults are the paper's Alg. 1.
+    `allocate_by`, `priority` and `entropy_factor` are options of "dynamo" only
+    (docs/algorithm.md#allocation-variants); their defaults are the paper's Alg. 1.
     """
 
     policy: str = "uniform"
@@ -55,8 +56,8 @@ class AllocationConfig:
     decay: float = 1.0
     # E3: after each epoch g_max_e += step and g_min_e -= step, up to [g_min, g_max].
     e3_curriculum_step: int = 2
-    # "dynamo" options (ALGORITHM.md §5b). Weights ∝ σ_i² ("variance", Alg. 1) or σ_i ("std",
-    # Appendix C Eq. 36), with σ_i² estimated by the priority below.
+    # "dynamo" options (docs/algorithm.md#allocation-variants). Weights ∝ σ_i² ("variance",
+    # Alg. 1) or σ_i ("std", Appendix C Eq. 36), with σ_i² estimated by the priority below.
     allocate_by: str = "variance"
     # "unbiased": k(G−k)/(G(G−1)) (Eq. 6); "posterior": E[p(1−p)] under Beta(prior_a, prior_b).
     priority: str = "unbiased"

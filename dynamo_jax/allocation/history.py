@@ -4,7 +4,7 @@ The data layer gives every dataset row a stable 64-bit prompt id and a dense ind
 0..num_prompts-1; everything here is keyed by the dense index, so a step's update is a handful
 of vectorised scatter-adds however large the dataset (100k+ prompts cost a few MB).
 
-What is tracked (ALGORITHM.md §5-6):
+What is tracked (docs/algorithm.md#water-level-allocation, docs/algorithm.md#e3-allocation):
 - `generated`, `correct`: G_i and k_i for DynaMO's priority, with the optional decay of old
   counts (G_i <- decay·G_i + n_i at each step the prompt is in).
 - `total_generated`, `total_reward`: undecayed totals; E3's difficulty is the cumulative mean
@@ -14,7 +14,7 @@ What is tracked (ALGORITHM.md §5-6):
 - `released_priority`, `e3_rank`: per-epoch quantities written by the allocators'
   `on_epoch_end` hooks; `epochs_completed` drives E3's curriculum.
 - `entropy_mean`: H̄_i, the mean token entropy of the prompt's most recent rollouts (NaN until
-  one is recorded), for the entropy factor of ALGORITHM.md §5b.
+  one is recorded), for the entropy factor of docs/algorithm.md#allocation-variants.
 """
 
 from __future__ import annotations

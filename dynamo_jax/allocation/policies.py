@@ -1,4 +1,4 @@
-"""Rollout allocation policies behind one interface (ALGORITHM.md §5-6).
+"""Rollout allocation policies behind one interface (docs/algorithm.md#water-level-allocation, docs/algorithm.md#e3-allocation).
 
     allocator = make_allocator(cfg)
     result = allocator.allocate(indices, history, budget)   # result.n aligned with indices
@@ -145,7 +145,7 @@ class _PriorityWaterLevel:
 
 
 # σ_i² estimates by `AllocationConfig.priority`, and the water-fill weight as a function of
-# the σ_i² estimate by `AllocationConfig.allocate_by` (ALGORITHM.md §5b).
+# the σ_i² estimate by `AllocationConfig.allocate_by` (docs/algorithm.md#allocation-variants).
 _SIGMA2 = {
     "unbiased": lambda g, k, cfg: unbiased_priority(g, k),
     "posterior": lambda g, k, cfg: posterior_priority(g, k, cfg.prior_a, cfg.prior_b),
@@ -169,7 +169,7 @@ def entropy_factors(entropy_mean: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 class DynamoAllocator(_PriorityWaterLevel):
-    """DynaMO paper Alg. 1, and the §5b options; data-scarce prompts get n_avg.
+    """DynaMO paper Alg. 1, and the options of docs/algorithm.md#allocation-variants; data-scarce prompts get n_avg.
 
     The fill's weight for prompt i is w_i = (σ̂_i²)^e with e = 1 (`allocate_by="variance"`,
     Alg. 1, n_i ∝ P_i) or e = ½ (`"std"`, Appendix C Eq. 36, n_i ∝ σ_i), where σ̂_i² = P_i
@@ -200,7 +200,7 @@ class DynamoAllocator(_PriorityWaterLevel):
 
 
 class AsRunDynamoAllocator:
-    """What the DynaMO authors' released script runs (ALGORITHM.md §5 "Code differs").
+    """What the DynaMO authors' released script runs (docs/algorithm.md#dynamo-as-the-authors-run-it).
 
     GithubX-F/DynaMO-RL at 63e5ec9, `run_qwen2.5-math-7b.sh` (rollout_allocation=True,
     n_low=8, n_high=24): the priority of verl's default dataset class (`as_run_priority`:
@@ -211,7 +211,7 @@ class AsRunDynamoAllocator:
     with G < 8 is topped up to 8 first; in the first epoch every priority is −1, so the
     allocation is uniform.
     Not copied: their trainer repeats the prompt metadata n times while generating n_i per
-    prompt, so their counts land on the wrong prompts (ALGORITHM.md §2); here the history is
+    prompt, so their counts land on the wrong prompts (docs/algorithm.md#grpo-advantages); here the history is
     grouped by prompt id. Their budget n·N is raised to N·n_low when smaller; here the budget
     is a hard constraint (the shared framework lowers the floor instead).
     """
@@ -259,7 +259,7 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
 
     The authors' script never runs it: it trains with verl's default dataset class (see
     `AsRunDynamoAllocator`), and `recipe/dynamo/rl_dataset.py` never emits the `sample_count`
-    their trainer reads, so it cannot run with allocation on (ALGORITHM.md §5 "Code differs").
+    their trainer reads, so it cannot run with allocation on (docs/algorithm.md#dynamo-as-the-authors-run-it).
     Priority max(4·acc·(1−acc), floor) with acc = share of rewards above the batch mean,
     mastered prompts (acc >= 0.85) at the floor, recomputed once per epoch; prompts with
     fewer than `released_explore_below` rollouts so far get `released_explore_rollouts`.
@@ -287,7 +287,7 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
 class E3Allocator:
     """E3 rank allocation: harder prompts (larger k_i) get more, within the epoch's bounds.
 
-    The paper's rule (ALGORITHM.md §6): ranks re-computed at each epoch end
+    The paper's rule (docs/algorithm.md#e3-allocation): ranks re-computed at each epoch end
     (`e3_difficulty_rank`), the split by `proportional_fill`, the bounds widening from [G, G]
     by `e3_curriculum_step` per epoch (`e3_bounds`; the authors' `n_update = 2`).
     **Code differs** (LiaoMengqi/E3-RL4LLMs at 7e90b8e, `get_rollout_n_per_prompt` and

@@ -1,9 +1,9 @@
-"""Per-prompt scores the allocators split the budget by (ALGORITHM.md §5, §5b, §6).
+"""Per-prompt scores the allocators split the budget by (docs/algorithm.md#water-level-allocation, docs/algorithm.md#allocation-variants, docs/algorithm.md#e3-allocation).
 
 - `unbiased_priority`: DynaMO's P_i, the unbiased Bernoulli variance estimate (paper Eq. 6).
-- `posterior_priority`: the Beta-posterior mean of p(1 − p) (§5b, never 0 before a success).
+- `posterior_priority`: the Beta-posterior mean of p(1 − p) (docs/algorithm.md#allocation-variants, never 0 before a success).
 - `entropy_factor`: f(H̄) = sqrt(1 − exp(−H̄)), the paper's entropy proxy for σ_i (Eq. 42).
-- `as_run_priority`: the priority the authors' released script computes (§5 "Code differs").
+- `as_run_priority`: the priority the authors' released script computes (docs/algorithm.md#dynamo-as-the-authors-run-it).
 - `released_priority`: the recipe's other heuristic (biased, floored, per epoch; never run).
 - `e3_difficulty_rank`: E3's k_i = rank / |D| from the cumulative mean reward.
 - `e3_bounds`: E3's per-epoch [G_min, G_max] curriculum.
@@ -65,7 +65,7 @@ def as_run_priority(
     mastered_acc: float = 0.85,
     tie_break: float = 1e-6,
 ) -> np.ndarray:
-    """The priority the authors' released script trains with (ALGORITHM.md §5 "Code differs").
+    """The priority the authors' released script trains with (docs/algorithm.md#dynamo-as-the-authors-run-it).
 
     verl's `RLHFDataset.update_rank` at GithubX-F/DynaMO-RL 63e5ec9, from cumulative,
     never-decayed counts (G rollouts, k with reward > 0):

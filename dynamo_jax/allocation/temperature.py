@@ -2,7 +2,7 @@
 
     τ_{t+1} = τ_t · (1 + τ_t · ln(H_target / H_t) / (ln|V| + ln ln|V|))
 
-H_t is the mean token entropy of batch t (computed at that batch's temperature, §1), H_init
+H_t is the mean token entropy of batch t (computed at that batch's temperature, docs/algorithm.md#log-probabilities-and-entropy), H_init
 the mean over the first `init_steps` batches (τ stays at its initial value meanwhile). With
 annealing, the target follows Eq. 5 from t_anneal = ⌊anneal_start_frac · t_max⌋:
 
@@ -21,7 +21,7 @@ not got: Eq. 4 can go negative when H_t ≫ H_target).
 - τ is not clamped;
 - the entropy fed to it is the actor's `entropy_loss` metric, which is only computed when the
   entropy coefficient is non-zero; the released scripts set it to 0, so their temperature
-  never changes (ALGORITHM.md §9). Here every batch's mean token entropy is used.
+  never changes (docs/algorithm.md#temperature-scheduler). Here every batch's mean token entropy is used.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Integer budget splitting: DynaMO's water-level fill (Alg. 1), the split the DynaMO authors'
 script runs, E3's proportional fill, and the bounds/budget framework every policy shares
-(ALGORITHM.md §5-6).
+(docs/algorithm.md#water-level-allocation, docs/algorithm.md#e3-allocation).
 
 All functions work on positions 0..N-1 of one batch. Ties are broken by a per-prompt
 `tie_key` (the dense prompt index), never by position, so permuting a batch permutes the

@@ -5,7 +5,7 @@ end in a row: each token carries its sequence's segment id (1, 2, ... in placeme
 the row; 0 = an empty slot) and its position within its sequence (RoPE restarts at 0 for every
 sequence). The model attends within a segment only (models/qwen.py) and every per-sequence
 reduction of the losses is per segment (losses/batch.py), so packing is a layout, not an
-algorithm (ALGORITHM.md §11). Unpacked, each sequence has a row of its own: the same encoding
+algorithm (docs/algorithm.md#packed-sequences). Unpacked, each sequence has a row of its own: the same encoding
 with one segment per row, which is today's padded batch.
 
 Bin packing is best-fit decreasing: sequences longest first (ties by index), each into the row

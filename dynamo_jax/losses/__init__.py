@@ -1,11 +1,11 @@
 """Losses: chunked log-probs/entropy, GRPO advantages, DynaMO modulation, baselines.
 
-Specification: ALGORITHM.md §1–4 and §7. All functions are pure and jittable.
+Specification: docs/algorithm.md#log-probabilities-and-entropy through docs/algorithm.md#advantage-modulation, and docs/algorithm.md#baselines. All functions are pure and jittable.
 
 How a train step uses this package (one optimizer mini-batch, [B, L]: rows of token slots, one
 sequence per row or several packed, told apart by `TokenBatch.segment_ids`):
 
-    cfg = LossConfig.preset("dynamo")                 # or "grpo", "clip_cov", ... (§7)
+    cfg = LossConfig.preset("dynamo")                 # or "grpo", "clip_cov", ... (docs/algorithm.md#baselines)
     loss_fn = build_loss_fn(cfg)                      # variant looked up once, here
 
     # log π, H (and K when cfg.needs_k) from final hidden states and the unembedding, at the

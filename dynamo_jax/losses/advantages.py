@@ -1,4 +1,4 @@
-"""Sequence-level advantages: GRPO with variable group sizes (ALGORITHM.md §2) and W-REINFORCE.
+"""Sequence-level advantages: GRPO with variable group sizes (docs/algorithm.md#grpo-advantages) and W-REINFORCE.
 
 Groups are formed by the prompt's stable id, never by position: responses of one prompt may
 sit anywhere in the batch and each prompt may have its own number of responses n_i.

@@ -1,4 +1,4 @@
-"""Token-level pieces of the paper's Table 1 baselines (ALGORITHM.md §7).
+"""Token-level pieces of the paper's Table 1 baselines (docs/algorithm.md#baselines).
 
 Each baseline is a (advantage transform, per-token loss transform, threshold statistic) triple
 picked once by `policy.build_loss_fn`; nothing here branches on the baseline at run time.

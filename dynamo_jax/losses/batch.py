@@ -27,7 +27,7 @@ class TokenBatch(NamedTuple):
     ent: jax.Array  # H_t; gradient flows (entropy_loss baseline)
     adv: jax.Array  # sequence advantage A broadcast to its tokens (constant)
     mask: jax.Array  # bool or {0,1}: valid response tokens
-    k: jax.Array | None = None  # K_t of §1 (exact ΔH); constant
+    k: jax.Array | None = None  # K_t of docs/algorithm.md#log-probabilities-and-entropy (exact ΔH); constant
     ref_logp: jax.Array | None = None  # frozen reference policy (KL penalty only)
     noise: jax.Array | None = None  # U[0,1) per token: Clip-Cov's random pick (clip_cov only)
     # int [B, L]: the row's k-th sequence has id k >= 1, empty slots 0; None: a row is a sequence
@@ -46,7 +46,7 @@ class ModStats(NamedTuple):
     n_seqs: jax.Array  # sequences with at least one valid token
     h_min: jax.Array
     h_max: jax.Array
-    xi_max: jax.Array  # max Ξ_t (§4.2)
+    xi_max: jax.Array  # max Ξ_t (docs/algorithm.md#update-magnitude-stabilisation)
     logp_mean: jax.Array  # mean log π over valid tokens (covariance baselines)
     adv_mean: jax.Array  # mean A over valid tokens (covariance baselines)
     threshold: jax.Array

@@ -1,4 +1,4 @@
-"""`LossConfig`: every hyperparameter of the policy loss, validated once (ALGORITHM.md §3, §4, §7).
+"""`LossConfig`: every hyperparameter of the policy loss, validated once (docs/algorithm.md#policy-loss, docs/algorithm.md#advantage-modulation, docs/algorithm.md#baselines).
 
 Use `LossConfig.preset(name, **overrides)` to get a loss variant with its published
 hyperparameters (the variants and their sources are in `losses/variants.py`); the plain
@@ -39,10 +39,10 @@ class LossConfig:
     clip_high: float = 0.28
     dual_clip: float | None = 10.0  # c > 1, applies to Â < 0; None disables
     loss_agg_mode: str = "token-mean"
-    # GRPO advantages (R − mean) / (std + ε); False = Dr.GRPO's R − mean (ALGORITHM.md §2).
+    # GRPO advantages (R − mean) / (std + ε); False = Dr.GRPO's R − mean (docs/algorithm.md#grpo-advantages).
     norm_adv_by_std: bool = True
     max_len_norm: int | None = None  # constant divisor of seq-mean-token-sum-norm (Dr.GRPO)
-    # DynaMO modulation (§4); only read by the "dynamo" variant.
+    # DynaMO modulation (docs/algorithm.md#advantage-modulation); only read by the "dynamo" variant.
     enable_gc: bool = True
     enable_ums: bool = True
     alpha: float = 0.4
@@ -52,7 +52,7 @@ class LossConfig:
     tau: float = 0.9
     entropy_change: str = "exact"
     stats_scope: str = "global"
-    # Baseline hyperparameters (§7); each is only read by its own variant.
+    # Baseline hyperparameters (docs/algorithm.md#baselines); each is only read by its own variant.
     entropy_coef: float = 1e-3
     fork_top_ratio: float = 0.2
     ent_adv_kappa1: float = 0.4
@@ -126,7 +126,7 @@ class LossConfig:
 
     @property
     def needs_k(self) -> bool:
-        """Whether the step must ask the log-prob pass for K (exact ΔH of §4.2)."""
+        """Whether the step must ask the log-prob pass for K (exact ΔH, docs/algorithm.md#update-magnitude-stabilisation)."""
         return bool(registry.get(self.baseline).needs_k(self))
 
     @classmethod

@@ -1,6 +1,6 @@
 """Per-token log-probabilities, entropy and the K term at temperature T, without [N, V] in fp32.
 
-ALGORITHM.md §1. For tokens with final hidden states `hidden_NxD`, unembedding `w_DxV` and
+docs/algorithm.md#log-probabilities-and-entropy. For tokens with final hidden states `hidden_NxD`, unembedding `w_DxV` and
 targets `targets_N`, with z = (h @ W) / T:
 
     log π(a) = z_a − lse,   H = lse − Σ π z,   K = Σ_v π(v)² (log π(v) + H)
@@ -39,7 +39,7 @@ and the target is found in the shard that owns it (offset from `lax.axis_index`)
 `sharded_token_logprobs_entropy` does the `shard_map` for callers inside a jit over a mesh.
 
 Gradients flow through log π and H (policy loss, entropy-loss baseline). K is returned under
-stop-gradient: the modulation of §4 uses it as a constant.
+stop-gradient: the modulation (docs/algorithm.md#advantage-modulation) uses it as a constant.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def _finish_forward(m_N, z_target_N, sums, vocab_axis, return_k, *primals):
 
 
 def _tile_dz(z_bxVt, col0, vec_b, inv_temp):
-    """∂loss/∂z of one (token block, vocab tile) from its logits z = h W / T (§1)."""
+    """∂loss/∂z of one (token block, vocab tile) from its logits z = h W / T (docs/algorithm.md#log-probabilities-and-entropy)."""
     local_b, lse_b, ent_b, g_lp_b, g_ent_b = vec_b
     logpi_bxVt = z_bxVt - lse_b[:, None]
     pi_bxVt = jnp.exp(logpi_bxVt)

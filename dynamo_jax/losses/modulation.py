@@ -1,8 +1,8 @@
-"""DynaMO token-level advantage modulation (ALGORITHM.md §4): Â = A · β_comp · β_stab.
+"""DynaMO token-level advantage modulation (docs/algorithm.md#advantage-modulation): Â = A · β_comp · β_stab.
 
 Everything here is under stop-gradient: modulation rescales the advantage, it adds no gradient
 path. The mini-batch statistics (H_min, H_max, max Ξ) come in as arguments so the same
-function serves micro-batches of a globally normalised mini-batch (§4.3).
+function serves micro-batches of a globally normalised mini-batch (docs/algorithm.md#scope-of-the-statistics).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dynamo_jax.losses.batch import (
 )
 from dynamo_jax.losses.config import LossConfig
 
-GC_EPS = 1e-8  # denominator guard of β_comp (§4.1)
-UMS_EPS = 1e-8  # denominator guard of x_t (§4.2)
+GC_EPS = 1e-8  # denominator guard of β_comp (docs/algorithm.md#gradient-compensation)
+UMS_EPS = 1e-8  # denominator guard of x_t (docs/algorithm.md#update-magnitude-stabilisation)
 DAMPED_BELOW = 0.9  # β_stab below this counts as "damped" in the metrics
 
 
@@ -57,7 +57,7 @@ def _k_term(batch: TokenBatch, u, mask, cfg: LossConfig):
 
 
 def entropy_change_abs(batch: TokenBatch, cfg: LossConfig):
-    """Ξ_t = |ΔĤ_t| = |ξ_t (u_t − K_t)|, 0 on padding (§4.2); stop-gradient."""
+    """Ξ_t = |ΔĤ_t| = |ξ_t (u_t − K_t)|, 0 on padding (docs/algorithm.md#update-magnitude-stabilisation); stop-gradient."""
     mask = as_mask(batch.mask)
     logp = lax.stop_gradient(batch.logp)
     ent = lax.stop_gradient(batch.ent)

@@ -1,4 +1,4 @@
-"""Policy loss of one micro-batch, normalised over the whole mini-batch (ALGORITHM.md §3, §4, §7).
+"""Policy loss of one micro-batch, normalised over the whole mini-batch (docs/algorithm.md#policy-loss, docs/algorithm.md#advantage-modulation, docs/algorithm.md#baselines).
 
 `build_loss_fn(cfg)` looks up the configured variant (losses/registry.py) ONCE and returns
 `loss_fn(batch, stats) -> (loss, metrics)`; `policy_loss(batch, stats, cfg)` is the same
@@ -78,7 +78,7 @@ def plain_advantages(batch: TokenBatch, stats: ModStats, cfg: LossConfig):
 
 
 def surrogate_loss(batch: TokenBatch, stats: ModStats, adv_hat, r, log_r, cfg: LossConfig):
-    """The clipped surrogate ℓ_t of §3 (with the dual clip when configured)."""
+    """The clipped surrogate ℓ_t of docs/algorithm.md#policy-loss (with the dual clip when configured)."""
     return clipped_surrogate(adv_hat, r, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
 
 

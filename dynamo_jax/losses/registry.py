@@ -1,6 +1,6 @@
 """The loss-variant record and the table it is registered in (chosen once, by name).
 
-A variant (GRPO, DynaMO, or one of the Table 1 baselines of ALGORITHM.md §7) is one
+A variant (GRPO, DynaMO, or one of the Table 1 baselines of docs/algorithm.md#baselines) is one
 `LossVariant`: its published hyperparameters and the pure functions the loss is assembled from.
 `losses/variants.py` registers the built-in ones; a new baseline is one more `register(...)` call
 (in that file, or in a test). `LossConfig.baseline` names a registered variant, and the train
@@ -19,7 +19,7 @@ plain GRPO behaviour (`losses/policy.py` supplies it):
 (`aggregate(x, mask, stats, cfg)` is the configured `loss_agg_mode` over the batch's sequences:
 per (row, segment) when rows are packed.)
 
-`needs_k(cfg)` says whether the log-prob pass must also return K_t (§1); `needs_noise` asks the
+`needs_k(cfg)` says whether the log-prob pass must also return K_t (docs/algorithm.md#log-probabilities-and-entropy); `needs_noise` asks the
 step for U[0, 1) per token (drawn on the device from the step's key); `batch_fields` names extra
 per-token arrays of the rollout batch the variant reads.
 

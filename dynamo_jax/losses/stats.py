@@ -1,4 +1,4 @@
-"""`minibatch_stats`: the global reductions a micro-batch's loss needs (ALGORITHM.md §3, §4.3).
+"""`minibatch_stats`: the global reductions a micro-batch's loss needs (docs/algorithm.md#aggregation-modes, docs/algorithm.md#scope-of-the-statistics).
 
 Call it once per optimizer mini-batch on the WHOLE mini-batch (current-policy log-probs and
 entropies under stop-gradient), then pass the result to every micro-batch's `policy_loss`.

@@ -1,4 +1,4 @@
-"""The built-in loss variants: GRPO, DynaMO and the Table 1 baselines (ALGORITHM.md §3, §4, §7).
+"""The built-in loss variants: GRPO, DynaMO and the Table 1 baselines (docs/algorithm.md#policy-loss, docs/algorithm.md#advantage-modulation, docs/algorithm.md#baselines).
 
 One `LossVariant` record each (losses/registry.py explains the fields), registered here at import.
 Adding a baseline is one more record in this file (or a `register(...)` call anywhere, e.g. a
@@ -41,7 +41,7 @@ def _ones(batch):
     return jnp.ones_like(batch.adv, dtype=jnp.float32)
 
 
-# ----------------------------------------------------------------------------- DynaMO (§4)
+# ----------------------------------------------------------------------------- DynaMO (docs/algorithm.md#advantage-modulation)
 
 
 def _dynamo_statistics(batch, n_tokens, cfg):
@@ -51,12 +51,12 @@ def _dynamo_statistics(batch, n_tokens, cfg):
 
 def _dynamo_advantages(batch, stats, cfg):
     h_min, h_max, xi_max = stats.h_min, stats.h_max, stats.xi_max
-    if cfg.stats_scope == "micro_batch":  # authors' per-micro-batch parity mode (§4.3)
+    if cfg.stats_scope == "micro_batch":  # authors' per-micro-batch parity mode (docs/algorithm.md#scope-of-the-statistics)
         h_min, h_max, xi_max = modulation_stats(batch, cfg)
     return modulate(batch, h_min, h_max, xi_max, cfg)
 
 
-# ----------------------------------------------------------------------------- baselines (§7)
+# ----------------------------------------------------------------------------- baselines (docs/algorithm.md#baselines)
 
 
 def _entropy_adv_advantages(batch, stats, cfg):

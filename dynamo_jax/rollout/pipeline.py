@@ -1,4 +1,4 @@
-"""Batches requested ahead of the step that trains on them, and their weight versions (§10).
+"""Batches requested ahead of the step that trains on them, and their weight versions (docs/algorithm.md#asynchronous-rollouts).
 
 Versions. Weight version v is the policy after v RL steps (0: the initial weights). The trainer
 pushes version t to the engine at the end of step t, so during step t it trains π_θ from version
@@ -13,7 +13,7 @@ Step t+k trains on it with π_θ starting from version t+k−1: the batch is k v
 in the first k steps, whose batches all come from version 0). k = 0 is the synchronous loop:
 the batch is requested and taken in the same step, v = t−1, and nothing is kept.
 
-Off-policy arithmetic (ALGORITHM.md §10). The clipped surrogate's ratio is
+Off-policy arithmetic (docs/algorithm.md#asynchronous-rollouts). The clipped surrogate's ratio is
 
     r_t = π_θ(a_t) / π_old(a_t),   π_old = π_v, the behaviour policy that sampled the batch,
 

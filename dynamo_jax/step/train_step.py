@@ -16,7 +16,7 @@ few values (data/packing.py); a micro-batch with no token is skipped. Micro-batc
 each device's contiguous rows then contribute equally to every micro-batch, so splitting moves
 no data.
 
-Whole-mini-batch semantics under gradient accumulation (ALGORITHM.md §3, §4.3): the loss
+Whole-mini-batch semantics under gradient accumulation (docs/algorithm.md#aggregation-modes, docs/algorithm.md#scope-of-the-statistics): the loss
 normaliser and the modulation statistics (H_min, H_max, max Ξ, baseline thresholds) are those of
 the WHOLE mini-batch on all devices. With k > 1 micro-batches the step therefore first runs a
 forward-only pass over all micro-batches (`lax.scan`) to get the per-token log π/H/K of the
