@@ -27,7 +27,7 @@ class TokenBatch(NamedTuple):
     ent: jax.Array  # H_t; gradient flows (entropy_loss baseline)
     adv: jax.Array  # sequence advantage A broadcast to its tokens (constant)
     mask: jax.Array  # bool or {0,1}: valid response tokens
-    k: jax.Array | None = None  # K_t of docs/algorithm.md#log-probabilities-and-entropy (exact ΔH); constant
+    k: jax.Array | None = None  # K_t (docs/algorithm.md#update-magnitude-stabilisation); constant
     ref_logp: jax.Array | None = None  # frozen reference policy (KL penalty only)
     noise: jax.Array | None = None  # U[0,1) per token: Clip-Cov's random pick (clip_cov only)
     # int [B, L]: the row's k-th sequence has id k >= 1, empty slots 0; None: a row is a sequence

@@ -51,7 +51,7 @@ def _dynamo_statistics(batch, n_tokens, cfg):
 
 def _dynamo_advantages(batch, stats, cfg):
     h_min, h_max, xi_max = stats.h_min, stats.h_max, stats.xi_max
-    if cfg.stats_scope == "micro_batch":  # authors' per-micro-batch parity mode (docs/algorithm.md#scope-of-the-statistics)
+    if cfg.stats_scope == "micro_batch":  # the authors' (docs/algorithm.md#scope-of-the-statistics)
         h_min, h_max, xi_max = modulation_stats(batch, cfg)
     return modulate(batch, h_min, h_max, xi_max, cfg)
 
