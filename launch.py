@@ -1,7 +1,7 @@
 """Train (or resume) a run: the command-line entry point.
 
     python launch.py --config configs/tiny.py --workdir workdirs/tiny
-    python launch.py --config configs/qwen25_math_7b.py:baseline=clip_higher --workdir W --dry_run
+    python launch.py --config configs/dynamo_qwen25_math_7b.py:baseline=clip_higher --workdir W --dry_run
     python launch.py --config configs/tiny.py --workdir W --config.train.steps=20
 
 The config file is an ml_collections file (`file.py:arg` passes `arg` to its `get_config`), locked
