@@ -1,7 +1,14 @@
-"""Test-wide setup: simulate 8 CPU devices before JAX starts, so mesh tests can run anywhere."""
+"""Test-wide setup: simulate 8 CPU devices before JAX starts, so mesh tests can run anywhere;
+one persistent compilation cache for the whole session (and the subprocesses it starts); and
+the fixtures several test modules share.
+
+Tiers (docs/design.md#tests): `pytest -m "not slow"` is the fast tier, `pytest -m slow` the rest.
+"""
 
 import os
 from pathlib import Path
+
+import pytest
 
 # Must happen before the first `import jax` anywhere in the test session.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -15,3 +22,26 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT]
 )
+
+# JAX's persistent compilation cache, under the repository's git-ignored .cache/: most tests
+# compile the same few tiny programs, so every test after the first (in this session, in
+# the xdist workers and the launch.py subprocesses, and in later sessions) loads them instead.
+# Entries are keyed by the program and the compiler, so a stale entry is never used. The
+# environment reaches subprocesses; jax.config below covers a jax imported before this file.
+JAX_CACHE_DIR = os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(_ROOT) / ".cache" / "jax")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_configure(config):
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", JAX_CACHE_DIR)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+@pytest.fixture(scope="session")
+def jax_cache_dir() -> str:
+    """The session's persistent compilation cache (set for every test and subprocess)."""
+    return JAX_CACHE_DIR

@@ -10,10 +10,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from helpers.allocation_refs import ref_as_run_fill, ref_as_run_priority, ref_water_fill
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_allocation_priorities import ref_as_run_priority
-from test_allocation_water_level import ref_as_run_fill, ref_water_fill
 
 from dynamo_jax.allocation import AllocationConfig, PromptHistory, make_allocator, make_history
 from dynamo_jax.allocation.priorities import e3_bounds, e3_difficulty_rank

@@ -2,10 +2,10 @@
 docs/algorithm.md#allocation-variants and docs/algorithm.md#e3-allocation."""
 
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
+from helpers.allocation_refs import ref_as_run_priority
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,18 +125,6 @@ def test_entropy_factor_hand_values():
     assert np.isnan(f[4])
     # small H: 1 − e^{−H} ≈ H, computed without cancellation (expm1)
     np.testing.assert_allclose(entropy_factor(np.array([1e-12])), [1e-6], rtol=1e-9)
-
-
-def ref_as_run_priority(g, k):
-    """verl `RLHFDataset.update_rank` (DynaMO-RL 63e5ec9) for one prompt, exact arithmetic."""
-    if g < 4:
-        return Fraction(-1)
-    acc = Fraction(k, g)
-    if acc >= Fraction(85, 100):
-        return Fraction(1, 100)
-    return max(
-        Fraction(k * (g - k), g * (g - 1)) + (1 - acc) * Fraction(1, 10**6), Fraction(1, 100)
-    )
 
 
 def test_as_run_priority_hand_values():

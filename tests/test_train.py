@@ -1,8 +1,8 @@
 """The training loop end to end on the tiny config: learning, exact resume after SIGKILL,
 Ctrl-C, non-finite updates, batching helpers, export.
 
-Every run here compiles the same few programs; a persistent compilation cache shared by the
-in-process runs and the `launch.py` subprocesses keeps the module to a few minutes on 2 cores.
+Every run here compiles the same few programs; the session's persistent compilation cache
+(tests/conftest.py), shared with the `launch.py` subprocesses, keeps the module to a few minutes.
 """
 
 import dataclasses
@@ -17,93 +17,23 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers.train_runs import (
+    ROOT,
+    _assert_same_tree,
+    _deterministic,
+    _final_state,
+    _quiet,
+    _short_config,
+)
 
 from configs import tiny
 from dynamo_jax import batching, train
-from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, abstract_like
+from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.errors import CheckpointError
 from dynamo_jax.metrics import read_metrics
 from dynamo_jax.rollout.protocol import Completion
-from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.summary import Status
-
-ROOT = Path(__file__).resolve().parents[1]
-# Metrics that measure wall-clock time differ between runs; everything else must not.
-TIMING_PREFIXES = ("time/", "perf/tokens_per_s")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("jax_cache"))
-    old = {k: os.environ.get(k) for k in ("JAX_COMPILATION_CACHE_DIR",)}
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache  # for launch.py subprocesses
-    jax.config.update("jax_compilation_cache_dir", cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    yield cache
-    jax.config.update("jax_compilation_cache_dir", None)
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-def _quiet(config):
-    config.logging.progress_bar = False
-    config.logging.tensorboard = False
-    return config
-
-
-def _short_config(method="e3", steps=10, every=3):
-    """The tiny config, shortened; e3 so the temperature scheduler and epoch hooks are live."""
-    config = _quiet(tiny.get_config(f"method={method}"))
-    config.train.steps = steps
-    config.checkpoint.every_steps = every
-    config.checkpoint.max_to_keep = 2
-    config.logging.plots_at_end = False
-    config.eval.every_steps = 0
-    if config.temperature.anneal:
-        config.temperature.total_steps = steps
-    return config
-
-
-def _deterministic(records):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
-
-
-def _final_state(workdir, config):
-    """(step, params as export reads them, everything restored) of the newest checkpoint."""
-    from dynamo_jax.export import restore_params
-
-    cfg = from_config_dict(config)
-    step, params = restore_params(Path(workdir), cfg, None)
-    ckpt = Checkpointer(Path(workdir) / "checkpoints", CheckpointConfig(), read_only=True)
-    restored = ckpt.restore(step, _abstract(cfg))
-    ckpt.close()
-    return step, params, restored
-
-
-def _abstract(cfg):
-    """The checkpoint's device items as a template on one device."""
-    from dynamo_jax.step.state import abstract_train_state
-
-    optimizer = make_optimizer(cfg.optim, cfg.total_updates)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    place = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
-    state = jax.tree.map(place, abstract_train_state(cfg.model, optimizer))
-    progress = {"step": state.step, "rng": abstract_like(jax.random.key(cfg.train.seed))}
-    return {"params": state.params, "opt_state": state.opt_state, "progress": progress}
-
-
-def _assert_same_tree(a, b):
-    for (path, x), y in zip(
-        jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True
-    ):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x, y = jax.random.key_data(x), jax.random.key_data(y)
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), jax.tree_util.keystr(path))
-
 
 # ----------------------------------------------------------------------------- learning
 

@@ -13,14 +13,13 @@ import time
 import jax
 import numpy as np
 import pytest
-from test_train import (  # the same compilation cache and helpers as the synchronous tests
+from helpers.train_runs import (  # the helpers of the synchronous tests
     ROOT,
     _assert_same_tree,
     _deterministic,
     _final_state,
     _quiet,
     _short_config,
-    compilation_cache,  # noqa: F401 (an autouse fixture)
 )
 
 from configs import tiny
