@@ -45,3 +45,11 @@ def pytest_configure(config):
 def jax_cache_dir() -> str:
     """The session's persistent compilation cache (set for every test and subprocess)."""
     return JAX_CACHE_DIR
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that start the real vLLM sidecar (marker `vllm`) spend tens of seconds per vLLM
+    start-up on a CPU machine: they belong to the slow tier with the other long tests."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)

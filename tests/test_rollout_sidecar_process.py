@@ -120,6 +120,7 @@ def test_restarts_are_counted_per_time_window(ckpt, tmp_path, monkeypatch):
     engine._res.process = None  # nothing real to shut down
 
 
+@pytest.mark.vllm
 @needs_vllm
 def test_never_healthy_is_a_clear_error_naming_the_log(ckpt, tmp_path):
     config = SidecarConfig(
@@ -173,6 +174,7 @@ def run_trainer(tmp_path: Path, ckpt: Path, how: str) -> int:
     return int(child.stdout.split()[0])
 
 
+@pytest.mark.vllm
 @needs_vllm
 def test_trainer_killed_with_sigkill_leaves_no_sidecar(ckpt, tmp_path):
     pid = run_trainer(tmp_path, ckpt, "sigkill")
@@ -180,6 +182,7 @@ def test_trainer_killed_with_sigkill_leaves_no_sidecar(ckpt, tmp_path):
     assert "trainer closed its pipe" in (tmp_path / "vllm_sidecar.log").read_text()
 
 
+@pytest.mark.vllm
 @needs_vllm
 def test_trainer_exiting_without_close_leaves_no_sidecar(ckpt, tmp_path):
     pid = run_trainer(tmp_path, ckpt, "exit")
