@@ -38,6 +38,7 @@ from dynamo_jax.summary import Status
 # ----------------------------------------------------------------------------- learning
 
 
+@pytest.mark.slow
 def test_tiny_config_learns(tmp_path, capsys):
     """The README's default run: last 10% of steps ≥ first 10% + 0.5 mean reward (seed 0).
 
