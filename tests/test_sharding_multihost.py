@@ -188,6 +188,7 @@ def _spawn(out_path, num_processes, process_id, port, devices):
     )
 
 
+@pytest.mark.slow  # two JAX processes against one: a minute of CPU
 def test_two_processes_match_one_process_with_four_devices(tmp_path):
     port = _free_port()
     procs = [

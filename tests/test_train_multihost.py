@@ -120,6 +120,7 @@ def _deterministic(records):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING_PREFIXES)} for r in records]
 
 
+@pytest.mark.slow  # the module's two-process runs (its `runs` fixture) dominate its time
 def test_same_metrics_every_step(runs):
     multi, single = runs
     got, want = read_metrics(multi), read_metrics(single)
@@ -133,6 +134,7 @@ def test_same_metrics_every_step(runs):
     assert got[-1]["train/applied_updates"] == STEPS * _config().updates_per_step
 
 
+@pytest.mark.slow  # shares the two-process `runs` fixture
 def test_checkpoint_written_once_and_restores_the_same_state(runs):
     multi, single = runs
     assert json.loads((multi / "config.json").read_text()) == json.loads(
