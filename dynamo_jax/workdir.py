@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -201,12 +202,27 @@ def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
     check_inputs(cfg)
     if Path(workdir).exists() and not Path(workdir).is_dir():
         raise ConfigError(f"--workdir {workdir}: exists and is not a directory")
+    make_workdir(Path(workdir))
     if not start_over:
         check_resumable(workdir, cfg)
         return
     moved = move_previous_run(workdir)
     if moved and multihost.is_primary():
         print(f"moved the previous run in {workdir} to {moved}", flush=True)
+
+
+def make_workdir(workdir: Path) -> None:
+    """Create `workdir` (and its parents) and check that a file can be written in it; a
+    `ConfigError` naming it otherwise (e.g. a path under /proc, a read-only filesystem)."""
+    probe = workdir / f".write-test-{os.getpid()}"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"--workdir {workdir}: not a usable directory ({err.strerror or err})"
+        ) from err
 
 
 def move_previous_run(workdir: Path) -> Path | None:
