@@ -2,6 +2,7 @@
 (test_train.py::test_kill_9_at_random_moments_then_resume_is_bit_identical).
 
     python tests/kill_worker.py TIMELINE KILL LAUNCH_ARGS...
+    KILL_WORKER_RAISE=SidecarError:2 python tests/kill_worker.py ...   (a fault, not a kill)
 
 Appends one JSON line per event to TIMELINE: {"event", "index", "t"} for step_begin/step_end
 (index = the step), save_begin/save_end (index = the checkpoint step; end = committed) and
@@ -53,8 +54,15 @@ def install(timeline: Path, kill: str, patch=None) -> None:
 
     real_step, real_save, real_close = train.rl_step, Checkpointer.save, Checkpointer.close
 
+    fault = os.environ.get("KILL_WORKER_RAISE", "")
+
     def rl_step(tr, step):
         event("step_begin", step)
+        if fault and int(fault.split(":")[1]) == step:
+            from dynamo_jax.errors import SidecarError
+
+            kind = {"RuntimeError": RuntimeError, "SidecarError": SidecarError}[fault.split(":")[0]]
+            raise kind(f"injected at step {step}: sidecar 0 failed after 3 restarts")
         metrics = real_step(tr, step)
         event("step_end", step)
         return metrics
