@@ -328,9 +328,10 @@ class Checkpointer:
         # earlier save or restore of the others in this process.
         handlers = {name: ocp.StandardCheckpointHandler() for name in (*DEVICE_ITEMS, HOST)}
         handlers[META] = ocp.JsonCheckpointHandler()
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=handlers
-        )
+        with runlog.library_detail_to(self.log_file):  # orbax reads every step's metadata
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_handlers=handlers
+            )
 
     def all_steps(self) -> list[int]:
         return sorted(s for s in self._manager.all_steps() if str(s) not in self._unsafe)

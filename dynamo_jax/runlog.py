@@ -3,15 +3,18 @@ one-line messages.
 
 orbax and tensorstore log (through absl) errors with long tracebacks, some from background
 threads, when a damaged checkpoint is read; the project then says what happened in one line. While
-`library_detail_to(path)` is active, those records are appended to `path` and dropped from every
-other handler (the console), and `append` writes the project's own full detail (the exception
+`library_detail_to(path)` is active, those records (and the "Exception ignored in <coroutine>"
+reports of the reads orbax abandons, and uncaught exceptions of threads) are appended to `path` and
+dropped from every other handler (the console), and `append` writes the project's own full detail (the exception
 chain behind a one-line message) to the same file. Only the primary process writes the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import sys
 import threading
 import time
 import traceback
@@ -81,10 +84,21 @@ def library_detail_to(path: Path | None) -> Iterator[None]:
         if args.exc_value is not None:
             append(path, f"exception in thread {args.thread}", args.exc_value)
 
+    # orbax abandons its reading coroutines when a read fails; Python reports each as
+    # "Exception ignored in: <coroutine ...>" with a long traceback when it is collected.
+    previous_unraisable = sys.unraisablehook
+
+    def unraisable_hook(u) -> None:
+        what = f"exception ignored in {u.object!r}" if u.object is not None else "exception ignored"
+        append(path, what, u.exc_value)
+
     threading.excepthook = thread_hook
+    sys.unraisablehook = unraisable_hook
     try:
         yield
     finally:
+        gc.collect()  # collect what the failed reads left while the hook is ours
+        sys.unraisablehook = previous_unraisable
         threading.excepthook = previous_hook
         for handler in consoles:
             handler.removeFilter(drop)

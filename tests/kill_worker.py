@@ -5,7 +5,8 @@
     KILL_WORKER_RAISE=SidecarError:2 python tests/kill_worker.py ...   (a fault, not a kill)
 
 Appends one JSON line per event to TIMELINE: {"event", "index", "t"} for step_begin/step_end
-(index = the step), save_begin/save_end (index = the checkpoint step; end = committed) and
+(index = the step), save_begin/save_end (index = the checkpoint step; end = committed),
+committed (orbax committed the step and has not yet deleted the steps beyond max_to_keep) and
 closed (the checkpointer closed after the last save). KILL is "none" or "EVENT:INDEX:DELAY":
 SIGKILL this process DELAY seconds after that event, from a timer thread, whatever it is doing
 then (compiling, mid-step, writing a checkpoint), or at the end of that phase (step_end,
@@ -77,9 +78,19 @@ def install(timeline: Path, kill: str, patch=None) -> None:
         if not self.read_only:
             event("closed", 0)
 
+    import orbax.checkpoint as ocp
+
+    real_finalize = ocp.CheckpointManager._finalize_checkpoint
+
+    def finalize_checkpoint(self, step):
+        out = real_finalize(self, step)
+        event("committed", step)  # orbax deletes the steps beyond max_to_keep right after
+        return out
+
     patch(train, "rl_step", rl_step)
     patch(Checkpointer, "save", save)
     patch(Checkpointer, "close", close)
+    patch(ocp.CheckpointManager, "_finalize_checkpoint", finalize_checkpoint)
 
 
 def main() -> None:

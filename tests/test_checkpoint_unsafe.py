@@ -207,3 +207,32 @@ def test_prune_restores_max_to_keep_after_a_kill_between_save_and_pruning(tmp_pa
     np.testing.assert_array_equal(
         Checkpointer(tmp_path / "ck", CheckpointConfig(), read_only=True).all_steps(), [3, 4, 5]
     )
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_library_detail_goes_to_the_log_file_not_the_console(tmp_path, caplog):
+    """orbax logs errors (some with tracebacks) while it reads a damaged directory; with a log
+    file they go there, and the console keeps the project's one line per damaged step."""
+    _two_steps(tmp_path / "ck")
+    (tmp_path / "ck" / "1" / "_CHECKPOINT_METADATA").write_text("garbage")  # orbax logs it
+    data = POSITIONS["params data"](tmp_path / "ck" / "2")
+    data.write_bytes(data.read_bytes()[:10])  # truncated: orbax's read fails
+    log_file = tmp_path / "run.log"
+    with caplog.at_level(logging.INFO):
+        ckpt = Checkpointer(tmp_path / "ck", CheckpointConfig(max_to_keep=5), log_file=log_file)
+        got = ckpt.restore_latest(abstract_like(_items(0.0)), move_damaged=True)
+        ckpt.close()
+    assert got.step == 1
+    console = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in console] == ["dynamo_jax.checkpoint"], [r.getMessage() for r in console]
+    [line] = [r.getMessage() for r in console]
+    assert line.startswith(f"checkpoint step 2 in {tmp_path / 'ck'} is damaged (its ")
+    assert line.endswith(
+        f"moved aside to 2.damaged-1; trying the previous one (details: {log_file})"
+    )
+    assert "\n" not in line
+    text = log_file.read_text()
+    assert "Failed to json parse Metadata file" in text  # orbax's record, kept here
+    assert "checkpoint step 2 is damaged" in text and "Traceback (most recent call last)" in text
+    # orbax's abandoned reading coroutine: its traceback was the ~60 lines on the console
+    assert "exception ignored in <coroutine object _read_array_index_and_device_put" in text
