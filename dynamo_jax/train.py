@@ -17,9 +17,10 @@ With `train.max_staleness` = k ≥ 1, step t requests the batch of step t+k (ste
 before its own update and trains on the batch step t−k requested: rollout/pipeline.py states the
 versions, the off-policy arithmetic and what is checked; rollout/background.py how the vLLM
 sidecar generates while the trainer trains. k = 0 is the synchronous loop above.
-`run` wraps steps with checkpointing (every M steps, at the end, on Ctrl-C), evaluation every K
-steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
-after `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
+`run` wraps steps with checkpointing (every M steps, at the end, on SIGTERM/Ctrl-C), evaluation
+every K steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
+at exactly `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
+Exit statuses: dynamo_jax/errors.py `ExitCode` (docs/exit_codes.md).
 
 Multi-process runs (`jax.distributed`, one process per host; launch.py joins the job from
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): every process runs this same
@@ -41,7 +42,8 @@ whole rollout batch. The rules that keep the processes in lock step:
 - checkpoints: orbax saves and restores collectively (all processes call them; arrays are
   written shard by shard, host NumPy trees and JSON by process 0 only);
 - metrics JSONL/TensorBoard/progress bar, config.json, plots and messages: process 0 only;
-- Ctrl-C on any process stops every process after the same step (the flag is all-gathered).
+- SIGTERM/Ctrl-C on any process stops every process after the same step (the flag is
+  all-gathered).
 
 Exact resume: every random stream is a function of (train.seed, step): the rollout seed, the
 mini-batch permutation, the data order (the iterator's own state is checkpointed), and the
