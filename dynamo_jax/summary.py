@@ -108,6 +108,8 @@ def _headline(s: RunSummary) -> str:
     if s.status is Status.INTERRUPTED:
         why = f" ({s.reason})" if s.reason else ""
         saved = "checkpointed" if s.checkpoint_step == s.last_step else "NOT checkpointed"
+        if s.last_step == s.start_step:
+            saved = "no step ran"
         return f"run {s.name} interrupted{why} after {of}{launch}; {saved}, rerun to resume"
     return f"run {s.name} {s.status.value} after {of}{launch}: {s.reason}"
 

@@ -104,7 +104,6 @@ from dynamo_jax.summary import RunSummary, Status, format_summary
 
 log = logging.getLogger(__name__)
 
-LOG = "run.log"  # the workdir's log file: library detail kept off the console (checkpoint.py)
 SKIP_KEY = "update_skipped"  # the train step's metric flagging a skipped non-finite update
 
 
@@ -551,7 +550,9 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: _StopRequest) ->
     check_mesh(cfg)
     run_dir.prepare(workdir, cfg, start_over=start_over)
     tr = build_trainer(cfg, workdir)
-    ckpt = Checkpointer(workdir / run_dir.CHECKPOINTS, cfg.checkpoint, log_file=workdir / LOG)
+    ckpt = Checkpointer(
+        workdir / run_dir.CHECKPOINTS, cfg.checkpoint, log_file=workdir / run_dir.LOG
+    )
     writer: Any = NullWriter()
     start = done = -1  # -1 until the restore: no summary for a run that never started
     status, reason = Status.FINISHED, ""

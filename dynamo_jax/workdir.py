@@ -44,6 +44,7 @@ from dynamo_jax.sharding import multihost
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
+LOG = "run.log"  # library detail kept off the console (runlog.py), e.g. orbax's tracebacks
 # What a run writes into its workdir (moved, never deleted, by `move_previous_run`).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "plots", "config.json")
 
@@ -183,7 +184,7 @@ def check_resumable(workdir: Path, cfg: RunConfig) -> None:
     directory = Path(workdir) / CHECKPOINTS
     if not directory.is_dir():
         return
-    ckpt = Checkpointer(directory, cfg.checkpoint, read_only=True)
+    ckpt = Checkpointer(directory, cfg.checkpoint, read_only=True, log_file=Path(workdir) / LOG)
     try:
         for step in reversed(ckpt.all_steps()):
             try:

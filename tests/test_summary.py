@@ -113,6 +113,16 @@ def test_the_printed_block_says_why_a_run_stopped():
     )
     assert text.startswith("run tiny interrupted (SIGTERM) after step 2 of 20; NOT checkpointed")
     text = format_summary(
+        _summary(status=Status.INTERRUPTED, reason="SIGTERM before the first step", start_step=2,
+                 last_step=2, checkpoint_step=2),
+        _records(2),
+        "overall",
+    )  # fmt: skip
+    assert text.startswith(
+        "run tiny interrupted (SIGTERM before the first step) after step 2 of 20; no step ran, "
+        "rerun to resume"
+    )
+    text = format_summary(
         _summary(checkpoint_step=None, last_step=0, status=Status.FAILED, reason="DataError: x"),
         [],
         "overall",

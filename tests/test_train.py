@@ -332,6 +332,30 @@ def test_ctrl_c_checkpoints_and_exits(tmp_path, monkeypatch):
     ckpt.close()
 
 
+def test_sigterm_while_building_stops_before_the_first_step(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the trainer is still being built (compiling, loading) is honoured, not
+    fatal: no step runs, nothing new is checkpointed, the status is INTERRUPTED (3)."""
+    real_build = train.build_trainer
+
+    def build_then_terminate(cfg, workdir):
+        tr = real_build(cfg, workdir)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return tr
+
+    monkeypatch.setattr(train, "build_trainer", build_then_terminate)
+    previous = signal.getsignal(signal.SIGTERM)
+    summary = train.run(from_config_dict(_short_config(method="grpo", steps=2, every=1)), tmp_path)
+    assert (summary.status, summary.last_step, summary.checkpoint_step) == (
+        Status.INTERRUPTED,
+        0,
+        None,
+    )
+    assert summary.exit_code == 3 and summary.reason == "SIGTERM before the first step"
+    assert "SIGTERM: finishing the step in flight" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler is put back
+    assert read_metrics(tmp_path) == []
+
+
 def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch, capsys):
     from dynamo_jax import logprob_pass
 
