@@ -55,9 +55,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import logging
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -437,11 +440,14 @@ class _StopRequest:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
         if multihost.is_primary():
-            print(
+            message = (
                 f"{self.signal_name}: finishing the step in flight, then checkpointing and "
-                "exiting (send it again to stop at once)",
-                flush=True,
+                "exiting (send it again to stop at once)\n"
             )
+            try:  # not print(): the handler may interrupt a print of the main thread
+                os.write(sys.stdout.fileno(), message.encode())
+            except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+                sys.stdout.write(message)
 
     def install(self) -> dict:
         """Handle both signals (main thread only); returns the handlers to put back."""

@@ -332,7 +332,7 @@ def test_ctrl_c_checkpoints_and_exits(tmp_path, monkeypatch):
     ckpt.close()
 
 
-def test_sigterm_while_building_stops_before_the_first_step(tmp_path, monkeypatch, capsys):
+def test_sigterm_while_building_stops_before_the_first_step(tmp_path, monkeypatch, capfd):
     """SIGTERM while the trainer is still being built (compiling, loading) is honoured, not
     fatal: no step runs, nothing new is checkpointed, the status is INTERRUPTED (3)."""
     real_build = train.build_trainer
@@ -351,7 +351,7 @@ def test_sigterm_while_building_stops_before_the_first_step(tmp_path, monkeypatc
         None,
     )
     assert summary.exit_code == 3 and summary.reason == "SIGTERM before the first step"
-    assert "SIGTERM: finishing the step in flight" in capsys.readouterr().out
+    assert "SIGTERM: finishing the step in flight" in capfd.readouterr().out
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler is put back
     assert read_metrics(tmp_path) == []
 
