@@ -234,5 +234,7 @@ def test_library_detail_goes_to_the_log_file_not_the_console(tmp_path, caplog):
     text = log_file.read_text()
     assert "Failed to json parse Metadata file" in text  # orbax's record, kept here
     assert "checkpoint step 2 is damaged" in text and "Traceback (most recent call last)" in text
-    # orbax's abandoned reading coroutine: its traceback was the ~60 lines on the console
-    assert "exception ignored in <coroutine object _read_array_index_and_device_put" in text
+    # orbax's abandoned reading coroutines ("Exception ignored in <coroutine ...>", the ~60
+    # lines the console showed) reach the file, never pytest's (the console's) unraisable hook:
+    # the filterwarnings mark turns one that escapes into a failure. (Whether one is left to
+    # collect depends on what tensorstore cached from earlier tests, so it is not required.)
