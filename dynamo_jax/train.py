@@ -55,12 +55,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import json
 import logging
-import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +100,7 @@ from dynamo_jax.step.forward import LogprobFn, data_shards, make_logprob_fn
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
+from dynamo_jax.stop import StopRequest
 from dynamo_jax.summary import RunSummary, Status, format_summary
 
 log = logging.getLogger(__name__)
@@ -424,44 +422,6 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
 # ----------------------------------------------------------------------------- the loop
 
 
-class _StopRequest:
-    """SIGTERM or Ctrl-C (SIGINT), first: finish the step in flight, checkpoint, exit
-    (INTERRUPTED). Second: stop at once (KeyboardInterrupt; launch.py exits ABORTED)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.requested = False
-        self.signal_name = ""
-
-    def __call__(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        if multihost.is_primary():
-            message = (
-                f"{self.signal_name}: finishing the step in flight, then checkpointing and "
-                "exiting (send it again to stop at once)\n"
-            )
-            try:  # not print(): the handler may interrupt a print of the main thread
-                os.write(sys.stdout.fileno(), message.encode())
-            except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-                sys.stdout.write(message)
-
-    def install(self) -> dict:
-        """Handle both signals (main thread only); returns the handlers to put back."""
-        if not _main_thread():
-            return {}
-        return {signum: signal.signal(signum, self) for signum in self.SIGNALS}
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
 def _base_key(tr: Trainer) -> jax.Array:
     """The run's base RNG key as checkpointed: on a multi-process mesh a replicated global array
     (orbax saves global arrays collectively; a process-local one would be written per process)."""
@@ -530,7 +490,7 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
     and returns INTERRUPTED; a second one raises KeyboardInterrupt. A `UserError` raised once
     training has started is re-raised as `RunFailedError` (exit status FAILED, not REFUSED). The
     summary's `exit_code` is launch.py's exit status (errors.py `ExitCode`)."""
-    stop = _StopRequest()
+    stop = StopRequest()
     previous = stop.install()  # before the build, so a SIGTERM while compiling is handled too
     try:
         return _run(cfg, Path(workdir), start_over, stop)
@@ -551,7 +511,7 @@ def check_mesh(cfg: RunConfig) -> None:
         raise ConfigError(f"config.mesh.shape: {err}") from err
 
 
-def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: _StopRequest) -> RunSummary:
+def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> RunSummary:
     primary = multihost.is_primary()  # metrics, config.json, plots and the summary: once
     check_mesh(cfg)
     run_dir.prepare(workdir, cfg, start_over=start_over)
