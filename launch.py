@@ -11,9 +11,10 @@ count), the run stops with an error unless `--start_over` moves the previous run
 `--dry_run` builds the mesh, shardings and the jitted step on abstract shapes and prints the
 memory plan, without loading weights or data.
 
-Bad input (flags, config, data, checkpoint, sidecar start) is printed as one or two lines with
-exit status 2 and leaves nothing behind; `--debug` shows its traceback. A run that stops before
-its last step exits with 1, except on Ctrl-C (dynamo_jax/cli.py).
+Bad input (flags, config, data, mesh, workdir, checkpoint) is printed as one or two lines with
+exit status 2 and leaves nothing behind; `--debug` shows its traceback. SIGTERM or Ctrl-C
+finishes the step in flight, checkpoints and exits with 3 (a second one stops at once, 5). The
+whole table of exit statuses: docs/exit_codes.md (dynamo_jax/errors.py `ExitCode`).
 
 Multi-process (one process per host, same command everywhere, a workdir all hosts can reach):
 

@@ -27,6 +27,16 @@ then falls back to the previous step and says so, and a training run moves the d
 A step that is intact but does not fit the template (another model shape or optimizer) is not
 damage: it raises `LayoutError` and is left as it is. `save` refuses state with NaN/Inf, so
 a corrupted update can never become the checkpoint a later run resumes from.
+
+Damage that reading would hang on or that orbax would delete is found before orbax looks
+(`find_unsafe`, by `lstat`/`stat` only, never opening a file): a named pipe, socket, device
+file, dangling link or directory where orbax writes a regular file (a pipe blocks the first read
+forever), and a step name that is not a directory (orbax ignores it and then deletes it when it
+saves that step). A writable checkpointer moves such steps aside before it opens the directory;
+a read-only one leaves them and skips them. The step recorded in `meta` must equal the step's
+name: a whole step copied or renamed to another number is damage too. Library log records
+(orbax's asynchronous tracebacks) go to the log file given (the workdir's run.log), not the
+console, while steps are read (runlog.py).
 """
 
 from __future__ import annotations
@@ -35,7 +45,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dynamo_jax import runlog
 from dynamo_jax.errors import CheckpointError
 from dynamo_jax.sharding import multihost
 
@@ -53,6 +66,9 @@ log = logging.getLogger(__name__)
 DEVICE_ITEMS = ("params", "opt_state", "progress")  # pytrees restored onto device shardings
 HOST, META = "host", "meta"  # host NumPy trees; JSON (step, config, checksums)
 _DAMAGED = re.compile(r"^(\d+)\.damaged-(\d+)$")
+_STEP = re.compile(r"^\d+$")  # orbax's step directory names
+# Directories orbax writes below an item; every other entry must be a regular file.
+_ITEM_DIRS = re.compile(r"^(d|array_metadatas|ocdbt\.process_\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +235,55 @@ def _layout_differences(saved: Any, template: Any, limit: int = 3) -> list[str]:
 
 
 def _short(err: BaseException) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def step_unsafe(path: Path) -> str | None:
+    """Why the step at `path` must not be given to orbax (None if its layout is sound), found
+    with stat calls only: orbax opening a pipe blocks forever, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        return f"it cannot be examined ({err.strerror})"
+    if not stat.S_ISDIR(mode):
+        return f"it is {_kind(mode)}, not a step directory"
+    for root, dirs, files in os.walk(path):
+        depth = len(Path(root).relative_to(path).parts)
+        for name in [*dirs, *files]:
+            entry = Path(root) / name
+            try:
+                mode = os.stat(entry).st_mode  # follows a link: its target is what is read
+            except OSError as err:
+                return f"{entry.relative_to(path)} cannot be examined ({err.strerror})"
+            wanted_dir = (depth == 0 and name in (*DEVICE_ITEMS, HOST, META)) or (
+                depth > 0 and _ITEM_DIRS.match(name) is not None
+            )
+            if stat.S_ISDIR(mode) and not wanted_dir:
+                return f"{entry.relative_to(path)} is a directory where a file belongs"
+            if not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):
+                return f"{entry.relative_to(path)} is {_kind(mode)}, not a regular file"
+    return None
+
+
+def find_unsafe(directory: Path) -> dict[str, str]:
+    """Step name → why, for every entry of `directory` named like a step that `step_unsafe`
+    refuses (stat calls only)."""
+    if not directory.is_dir():
+        return {}
+    out = {}
+    for entry in sorted(directory.iterdir(), key=lambda p: p.name):
+        if _STEP.match(entry.name):
+            why = step_unsafe(entry)
+            if why is not None:
+                out[entry.name] = why
+    return out
 
 
 # ----------------------------------------------------------------------------- the manager
@@ -229,33 +293,71 @@ class Checkpointer:
     """orbax CheckpointManager with the run's items, checksums and a damaged-step fallback.
 
     `read_only` opens an existing directory for reading (export, evaluation): nothing is created,
-    deleted or moved."""
+    deleted or moved. `log_file`: where library detail goes while steps are read (runlog.py)."""
 
-    def __init__(self, directory: str | Path, config: CheckpointConfig, *, read_only: bool = False):
+    def __init__(
+        self,
+        directory: str | Path,
+        config: CheckpointConfig,
+        *,
+        read_only: bool = False,
+        log_file: str | Path | None = None,
+    ):
         self.directory = Path(directory).absolute()
         self.config = config
         self.read_only = read_only
+        self.log_file = Path(log_file) if log_file is not None else None
         if read_only and not self.directory.is_dir():
             raise CheckpointError(f"{self.directory}: no checkpoint directory")
+        # Steps orbax must never open (it reads every step's metadata when it opens the
+        # directory): a writer moves them aside now, a reader skips them.
+        self._unsafe = find_unsafe(self.directory)
+        if not read_only:
+            for name, why in self._unsafe.items():
+                self._report(name, why, self._set_aside(name, reload=False))
+            self._unsafe = {}
         # (orbax's own read_only option logs warnings on every open; a reader just never saves.)
+        # A reader with unsafe steps reads no step metadata when it opens (lightweight).
         options = ocp.CheckpointManagerOptions(
             max_to_keep=config.max_to_keep,
             create=not read_only,
             enable_async_checkpointing=config.async_save,
+            lightweight_initialize=bool(self._unsafe),
         )
         # Handlers for every item up front: reading one item (or its metadata) then needs no
         # earlier save or restore of the others in this process.
         handlers = {name: ocp.StandardCheckpointHandler() for name in (*DEVICE_ITEMS, HOST)}
         handlers[META] = ocp.JsonCheckpointHandler()
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=handlers
-        )
+        with runlog.library_detail_to(self.log_file):  # orbax reads every step's metadata
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_handlers=handlers
+            )
 
     def all_steps(self) -> list[int]:
-        return sorted(self._manager.all_steps())
+        return sorted(s for s in self._manager.all_steps() if str(s) not in self._unsafe)
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def prune(self) -> list[int]:
+        """Delete the oldest steps beyond `max_to_keep` (orbax prunes only after a save, so a
+        run killed between a save and its pruning, then resumed with nothing left to save,
+        would keep one step too many); returns the steps deleted."""
+        if self.read_only:
+            raise ValueError("a read-only Checkpointer deletes nothing")
+        self.wait()
+        excess = self.all_steps()[: -self.config.max_to_keep]
+        for step in excess:
+            self._manager.delete(step)
+        if excess:
+            log.warning(
+                "deleted checkpoint step(s) %s in %s: checkpoint.max_to_keep = %d",
+                ", ".join(map(str, excess)),
+                self.directory,
+                self.config.max_to_keep,
+            )
+        return excess
 
     def damaged_dirs(self) -> list[Path]:
         """Steps moved aside as damaged (`<step>.damaged-<n>`), oldest step first."""
@@ -273,6 +375,11 @@ class Checkpointer:
             raise ValueError("a read-only Checkpointer saves nothing")
         if set(device) != set(DEVICE_ITEMS):
             raise ValueError(f"device items must be {DEVICE_ITEMS}, got {sorted(device)}")
+        path = self.directory / str(step)
+        if os.path.lexists(path) and step not in self._manager.all_steps():
+            # Not a step orbax committed (a file, a pipe, ...): orbax would delete it.
+            why = step_unsafe(path) or "it is not a committed step"
+            self._report(str(step), why, self._set_aside(str(step)), "writing the step anew")
         inspected = {name: _inspect(tree) for name, tree in device.items()}
         bad = [f"['{name}']{path}" for name, leaves in inspected.items()
                for path, (_, finite) in leaves.items() if not finite]  # fmt: skip
@@ -290,13 +397,18 @@ class Checkpointer:
             checksums["config"] = config_checksum(meta["config"])
         items = {name: ocp.args.StandardSave(tree) for name, tree in device.items()}
         items[HOST] = ocp.args.StandardSave(host)
-        items[META] = ocp.args.JsonSave({**meta, "checksums": checksums})
+        # The step is recorded inside the checkpoint: a step copied or renamed is then damage.
+        items[META] = ocp.args.JsonSave({**meta, "step": int(step), "checksums": checksums})
         # force=True: the caller decides when to save (every M steps, at the end, on Ctrl-C).
         self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     # -- restore ------------------------------------------------------------------------
     def read_meta(self, step: int) -> dict:
-        """The `meta` JSON of `step`; `DamagedStepError` if it cannot be read or lacks checksums."""
+        """The `meta` JSON of `step`; `DamagedStepError` if it cannot be read, lacks checksums or
+        records another step (or if the step's layout is unsafe to read: `step_unsafe`)."""
+        why = step_unsafe(self.directory / str(step))
+        if why is not None:
+            raise DamagedStepError(why)
         try:
             meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
             meta = meta[META]
@@ -304,6 +416,10 @@ class Checkpointer:
             raise DamagedStepError(f"its meta item cannot be read ({_short(err)})") from err
         if not isinstance(meta, dict) or "checksums" not in meta:
             raise DamagedStepError("its meta item has no checksums")
+        if meta.get("step") != step:
+            raise DamagedStepError(
+                f"it records step {meta.get('step')}: a copy of another step, renamed"
+            )
         config = meta.get("config")
         if config is not None and config_checksum(config) != meta["checksums"].get("config"):
             raise DamagedStepError("checksum mismatch in the saved config")
@@ -367,29 +483,27 @@ class Checkpointer:
         does not fit): that error propagates and nothing is moved. If steps existed but all were
         damaged (now, or moved aside by an earlier run), raises `CheckpointError`."""
         self.wait()
-        skipped = []
-        for step in reversed(self.all_steps()):
-            try:
-                meta = self.read_meta(step)
-                if check_meta is not None:
-                    check_meta(step, meta)
-                restored = self.restore(step, abstract, host=host)
-                damage = None
-            except DamagedStepError as err:
-                damage = str(err)
-            # Every process must agree before one of them moves the step aside.
-            if _any_process(damage is not None):
-                where = self._set_aside(step) if move_damaged else None
-                skipped.append(where.name if where else str(step))
-                log.warning(
-                    "checkpoint step %d in %s is damaged (%s)%s; trying the previous one",
-                    step,
-                    self.directory,
-                    damage or "on another process",
-                    f", moved aside to {where.name}" if where else "",
-                )
-                continue
-            return restored
+        skipped = [name for name in self._unsafe]
+        for name, why in self._unsafe.items():
+            self._report(name, why, None)
+        with runlog.library_detail_to(self.log_file):
+            for step in reversed(self.all_steps()):
+                try:
+                    meta = self.read_meta(step)
+                    if check_meta is not None:
+                        check_meta(step, meta)
+                    restored = self.restore(step, abstract, host=host)
+                    damage = None
+                except DamagedStepError as err:
+                    damage = str(err)
+                    runlog.append(self.log_file, f"checkpoint step {step} is damaged", err)
+                # Every process must agree before one of them moves the step aside.
+                if _any_process(damage is not None):
+                    where = self._set_aside(str(step)) if move_damaged else None
+                    skipped.append(where.name if where else str(step))
+                    self._report(str(step), damage or "on another process", where)
+                    continue
+                return restored
         aside = [p.name for p in self.damaged_dirs()]
         if skipped or aside:
             raise CheckpointError(
@@ -398,19 +512,38 @@ class Checkpointer:
             )
         return None
 
-    def _set_aside(self, step: int) -> Path:
-        """Rename step `step` to `<step>.damaged-<n>` (first free n); every process calls this."""
+    def _report(
+        self, name: str, why: str, where: Path | None, then: str = "trying the previous one"
+    ) -> None:
+        """The one console line for a damaged step (its detail is in the log file)."""
+        log.warning(
+            "checkpoint step %s in %s is damaged (%s)%s; %s%s",
+            name,
+            self.directory,
+            why,
+            f", moved aside to {where.name}" if where else "",
+            then,
+            f" (details: {self.log_file})" if self.log_file and self.log_file.exists() else "",
+        )
+
+    def _set_aside(self, name: str, *, reload: bool = True) -> Path:
+        """Rename step `name` (a directory, or whatever else bears a step's name) to
+        `<name>.damaged-<n>` (first free n); every process calls this. Nothing is deleted."""
         if self.read_only:
             raise ValueError("a read-only Checkpointer moves nothing")
-        multihost.sync_hosts(f"checkpoint_look_{step}")  # every process looks before any moves
+        multihost.sync_hosts(f"checkpoint_look_{name}")  # every process looks before any moves
         n = 1
-        while (self.directory / f"{step}.damaged-{n}").exists():
+        while os.path.lexists(self.directory / f"{name}.damaged-{n}"):
             n += 1
-        target = self.directory / f"{step}.damaged-{n}"
+        target = self.directory / f"{name}.damaged-{n}"
         if multihost.is_primary():
-            (self.directory / str(step)).rename(target)
-        multihost.sync_hosts(f"checkpoint_set_aside_{step}_{n}")
-        self._manager.reload()
+            (self.directory / name).rename(target)
+        multihost.sync_hosts(f"checkpoint_set_aside_{name}_{n}")
+        if reload:
+            # orbax re-reads every step's metadata: move any newly unsafe step aside first.
+            for other, why in find_unsafe(self.directory).items():
+                self._report(other, why, self._set_aside(other, reload=False))
+            self._manager.reload()
         return target
 
     def wait(self) -> None:

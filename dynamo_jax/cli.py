@@ -6,10 +6,7 @@ flag, a misspelt `--config.section.field` override, a value of the wrong type, a
 that does not load). Anything else is a bug and keeps its traceback; `--debug` keeps it for the
 known errors too.
 
-Exit statuses of `python launch.py`:
-- 0: the run reached its last step, or Ctrl-C stopped it after checkpointing (resumable);
-- 1: the run stopped before its last step (non-finite updates), or a bug (with its traceback);
-- 2: bad input (flags, config, data, checkpoint/workdir, sidecar start); nothing was created.
+Exit statuses of `python launch.py`: the one table in dynamo_jax/errors.py (`ExitCode`).
 """
 
 from __future__ import annotations
@@ -21,9 +18,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from dynamo_jax.errors import ConfigError, UserError
+from dynamo_jax.errors import ConfigError, ExitCode, UserError
 
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = ExitCode.REFUSED
 DEBUG_FLAG = "--debug"
 _FLAG_PREFIX = re.compile(r"^flag (\S+): ")
 
@@ -75,9 +72,24 @@ def flag_error_message(err: BaseException, argv: Sequence[str]) -> str:
         return head[len("flag ") :]
     if isinstance(err, flags.Error):
         return head
+    # A config file that is not there: config_flags only says "Failed loading config file".
+    path = _config_path(argv)
+    if path is not None and not Path(path.split(":", 1)[0]).is_file():
+        return f"--config: no such file: {path.split(':', 1)[0]}"
     # Anything else raised while the config file was imported (a syntax error, ...).
     config_arg = next((a for a in argv if re.match(r"^--?config(=|$)", a)), "--config")
     return f"{config_arg}: {type(root).__name__}: {_first_line(str(root))}"
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    """The value of `--config=X` or `--config X` in `argv`, if any."""
+    for i, arg in enumerate(argv):
+        match = re.match(r"^--?config(=(.*))?$", arg)
+        if match and match.group(1):
+            return match.group(2)
+        if match and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def parse_flags(argv: list[str], flag_values: Any = None) -> list[str]:
@@ -123,16 +135,28 @@ def user_error_lines(err: UserError, limit: int = 2) -> list[str]:
 
 def _fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_BAD_INPUT)
+    sys.exit(int(EXIT_BAD_INPUT))
 
 
 @contextlib.contextmanager
 def known_errors(debug: bool) -> Iterator[None]:
-    """Turn a `UserError` into its plain lines on stderr and exit status 2 (unless `debug`)."""
+    """Turn a `UserError` into its plain lines on stderr and its exit status (REFUSED unless it
+    says otherwise; re-raised with `debug`), and a second Ctrl-C/SIGTERM (KeyboardInterrupt)
+    into one line and ABORTED."""
     try:
         yield
     except UserError as err:
         if debug:
             raise
         print("\n".join(user_error_lines(err)), file=sys.stderr, flush=True)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(int(getattr(err, "exit_code", EXIT_BAD_INPUT)))
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(
+            "error: interrupted twice: stopped at once; the step in flight was not "
+            "checkpointed (rerun the same command to resume from the newest checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(int(ExitCode.ABORTED))

@@ -1,16 +1,46 @@
-"""The errors a user can fix by changing their input, as opposed to bugs.
+"""The exit statuses of `python launch.py`, and the errors a user can act on (as opposed to bugs).
+
+The one exit-status contract (docs/exit_codes.md is its user-facing copy; tests/test_exit_codes.py
+runs every row):
+
+    0 DONE         the run reached train.steps (or had already reached it)
+    1 FAILED       it failed while running: a bug (with its traceback), or a known failure such
+                   as a rollout sidecar that kept dying after its restarts (one line)
+    2 REFUSED      refused before anything changed: bad flags, config, data, workdir, mesh,
+                   a checkpoint this config cannot continue (one or two lines, no traceback)
+    3 INTERRUPTED  SIGTERM or Ctrl-C: the step in flight finished, a checkpoint was saved;
+                   rerun the same command to resume
+    4 NONFINITE    stopped after train.max_consecutive_nonfinite non-finite updates in a row
+                   (the last finite state is the newest checkpoint)
+    5 ABORTED      a second SIGTERM/Ctrl-C: stopped at once, the step in flight is lost; rerun
+                   to resume from the newest checkpoint
 
 `launch.py` prints a `UserError` as one or two plain lines (what is wrong, naming the field,
-file, row or checkpoint) and exits non-zero; anything else is a bug and keeps its traceback.
-Each class also derives from the built-in exception code already catches (ValueError,
-RuntimeError), so callers that predate it keep working.
+file, row or checkpoint) and exits with its `exit_code`; anything else is a bug and keeps its
+traceback. Each class also derives from the built-in exception code already catches
+(ValueError, RuntimeError), so callers that predate it keep working.
 """
 
 from __future__ import annotations
 
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """launch.py's exit statuses (the table above)."""
+
+    DONE = 0
+    FAILED = 1
+    REFUSED = 2
+    INTERRUPTED = 3
+    NONFINITE = 4
+    ABORTED = 5
+
 
 class UserError(Exception):
     """Bad input: the message alone tells the user what to change."""
+
+    exit_code = ExitCode.REFUSED
 
 
 class ConfigError(UserError, ValueError):
@@ -31,3 +61,10 @@ class SidecarError(UserError, RuntimeError):
 
 class MissingFileError(UserError, FileNotFoundError):
     """A file or directory the run needs is not there; the message names the path."""
+
+
+class RunFailedError(UserError, RuntimeError):
+    """A known failure after training started (a sidecar that kept dying, a data file that
+    became unreadable): one line like a `UserError`, but the run had begun, so FAILED."""
+
+    exit_code = ExitCode.FAILED

@@ -1,10 +1,9 @@
 """The end of a run in a few lines: how it ended, how far it got, and where its outputs are.
 
 `train.run` returns a `RunSummary` and prints `format_summary` at the end of every run that
-started training: finished, interrupted (Ctrl-C), stopped on non-finite updates, or failed.
-The exit status follows from it (`RunSummary.exit_code`): 0 for a run that reached its last step
-or was interrupted with Ctrl-C (it checkpointed and resumes with the same command), 1 for any
-other run that stopped before its last step.
+started training: finished, interrupted (SIGTERM/Ctrl-C), stopped on non-finite updates, or
+failed. The exit status follows from it (`RunSummary.exit_code`, the table of
+dynamo_jax/errors.py `ExitCode`).
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynamo_jax.errors import ExitCode
+
 REWARD_KEY = "reward/mean"
 
 
@@ -24,7 +25,8 @@ class Status(enum.Enum):
     """How a run ended."""
 
     FINISHED = "finished"
-    INTERRUPTED = "interrupted"  # Ctrl-C: checkpointed after the step, resumable
+    INTERRUPTED = "interrupted"  # SIGTERM/Ctrl-C: checkpointed after the step, resumable
+    ABORTED = "stopped at once"  # a second SIGTERM/Ctrl-C: the step in flight is lost
     NONFINITE = "stopped: non-finite updates"  # train.max_consecutive_nonfinite skipped in a row
     FAILED = "failed"  # an exception ended it
 
@@ -47,11 +49,17 @@ class RunSummary:
 
     @property
     def exit_code(self) -> int:
-        """0 when the run reached its last step or was interrupted by Ctrl-C, else 1."""
-        if self.status is Status.INTERRUPTED:
-            return 0
-        done = self.status is Status.FINISHED and self.last_step >= self.total_steps
-        return 0 if done else 1
+        """launch.py's exit status for this ending (`ExitCode`)."""
+        by_status = {
+            Status.INTERRUPTED: ExitCode.INTERRUPTED,
+            Status.ABORTED: ExitCode.ABORTED,
+            Status.NONFINITE: ExitCode.NONFINITE,
+            Status.FAILED: ExitCode.FAILED,
+        }
+        if self.status in by_status:
+            return int(by_status[self.status])
+        done = self.last_step >= self.total_steps
+        return int(ExitCode.DONE if done else ExitCode.FAILED)
 
 
 def reward_first_last(records: Sequence[dict], window: int = 5) -> tuple[str, str] | None:
@@ -98,7 +106,11 @@ def _headline(s: RunSummary) -> str:
             return f"run {s.name} had already finished at {of}; nothing to do"
         return f"run {s.name} finished at {of}{launch}"
     if s.status is Status.INTERRUPTED:
-        return f"run {s.name} interrupted after {of}{launch}; rerun the same command to resume"
+        why = f" ({s.reason})" if s.reason else ""
+        saved = "checkpointed" if s.checkpoint_step == s.last_step else "NOT checkpointed"
+        if s.last_step == s.start_step:
+            saved = "no step ran"
+        return f"run {s.name} interrupted{why} after {of}{launch}; {saved}, rerun to resume"
     return f"run {s.name} {s.status.value} after {of}{launch}: {s.reason}"
 
 

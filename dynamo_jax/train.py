@@ -17,9 +17,10 @@ With `train.max_staleness` = k ≥ 1, step t requests the batch of step t+k (ste
 before its own update and trains on the batch step t−k requested: rollout/pipeline.py states the
 versions, the off-policy arithmetic and what is checked; rollout/background.py how the vLLM
 sidecar generates while the trainer trains. k = 0 is the synchronous loop above.
-`run` wraps steps with checkpointing (every M steps, at the end, on Ctrl-C), evaluation every K
-steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
-after `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
+`run` wraps steps with checkpointing (every M steps, at the end, on SIGTERM/Ctrl-C), evaluation
+every K steps, metrics, and the failure policy (a non-finite update is skipped by the step; the run stops
+at exactly `max_consecutive_nonfinite` in a row; a checkpoint is never written from such a state).
+Exit statuses: dynamo_jax/errors.py `ExitCode` (docs/exit_codes.md).
 
 Multi-process runs (`jax.distributed`, one process per host; launch.py joins the job from
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): every process runs this same
@@ -41,7 +42,8 @@ whole rollout batch. The rules that keep the processes in lock step:
 - checkpoints: orbax saves and restores collectively (all processes call them; arrays are
   written shard by shard, host NumPy trees and JSON by process 0 only);
 - metrics JSONL/TensorBoard/progress bar, config.json, plots and messages: process 0 only;
-- Ctrl-C on any process stops every process after the same step (the flag is all-gathered).
+- SIGTERM/Ctrl-C on any process stops every process after the same step (the flag is
+  all-gathered).
 
 Exact resume: every random stream is a function of (train.seed, step): the rollout seed, the
 mini-batch permutation, the data order (the iterator's own state is checkpointed), and the
@@ -72,6 +74,7 @@ from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
+from dynamo_jax.errors import ConfigError, RunFailedError, UserError
 from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.logprob_pass import (
     behaviour_logprobs,
@@ -97,6 +100,7 @@ from dynamo_jax.step.forward import LogprobFn, data_shards, make_logprob_fn
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
+from dynamo_jax.stop import StopRequest
 from dynamo_jax.summary import RunSummary, Status, format_summary
 
 log = logging.getLogger(__name__)
@@ -200,15 +204,25 @@ def update(
     train_step: TrainStep,
     state: TrainState,
     timings: dict,
+    consecutive_nonfinite: int = 0,
 ) -> tuple[TrainState, UpdateResult]:
     """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches, each laid into
     rows (packed or not) by the update's row layout; per update, the metrics also report the
-    share of the fed token slots that held no token and the micro-batch count."""
+    share of the fed token slots that held no token and the micro-batch count.
+
+    `consecutive_nonfinite`: skipped updates in a row before this step. When the step's updates
+    could reach `train.max_consecutive_nonfinite`, each update's skip flag is read as it comes
+    (one host sync per update) and the step stops at the update that reaches the limit, so a run
+    stops after exactly that many; otherwise the flags are read once, after the step."""
     layout, _ = row_layouts(cfg, row_shards(train_step.batch_shardings["tokens"]))
     fields = tuple(train_step.batch_shardings)
     size = cfg.train.mini_batch_size
     rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
     per_update, layout_stats = [], []
+    limit = cfg.train.max_consecutive_nonfinite
+    in_step = cfg.train.ppo_epochs * -(-batch.rows // size)
+    watch = consecutive_nonfinite + in_step >= limit
+    run = consecutive_nonfinite
     with _timed(timings, "update"):
         for _ in range(cfg.train.ppo_epochs):
             perm = (
@@ -227,6 +241,12 @@ def update(
                         "pack/micro_batches": plan.micro_batches,
                     }
                 )
+                if watch:
+                    run = run + 1 if bool(jax.device_get(metrics[SKIP_KEY])) else 0
+                    if run >= limit:
+                        break
+            if watch and run >= limit:
+                break
         fetched = jax.device_get(per_update)  # one host sync per step, not per update
     skipped = [bool(m.pop(SKIP_KEY)) for m in fetched]
     for m, extra in zip(fetched, layout_stats):
@@ -294,7 +314,9 @@ def rl_step(tr: Trainer, step: int) -> dict:
     batch, logp_metrics = behaviour_logprobs(
         tr.pipeline, step, batch, taken, tr.logprob, tr.state.params, tr.ref_params, timings
     )
-    tr.state, result = update(cfg, step, batch, tr.train_step, tr.state, timings)
+    tr.state, result = update(
+        cfg, step, batch, tr.train_step, tr.state, timings, tr.consecutive_nonfinite
+    )
     for skipped in result.skipped:
         tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
         tr.skipped_updates += int(skipped)
@@ -400,25 +422,6 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
 # ----------------------------------------------------------------------------- the loop
 
 
-class _StopRequest:
-    """First Ctrl-C: finish the step, checkpoint, exit. Second Ctrl-C: stop immediately."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        log.warning("interrupt: finishing this step, then checkpointing and exiting")
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
 def _base_key(tr: Trainer) -> jax.Array:
     """The run's base RNG key as checkpointed: on a multi-process mesh a replicated global array
     (orbax saves global arrays collectively; a process-local one would be written per process)."""
@@ -454,6 +457,9 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
     Damaged steps are moved aside; a checkpoint this config cannot continue is an error
     (workdir.py). metrics.jsonl is cut back to the step, 0 included."""
     restored = run_dir.restore_latest(ckpt, abstract_like(_checkpoint_items(tr)), workdir, tr.cfg)
+    # A run killed between a save and orbax's pruning left a step too many; with nothing left
+    # to save (the run had finished) no later save would delete it.
+    ckpt.prune()
     step = 0
     if restored is not None:
         step = restored.step
@@ -478,18 +484,42 @@ def _any_process(flag: bool) -> bool:
 def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> RunSummary:
     """Train (resuming from `workdir`'s latest checkpoint if any); prints and returns a summary.
 
-    Before anything is built, the config's input files are checked and so is the workdir: a
+    Before anything is built, the config's input files, its mesh and the workdir are checked: a
     checkpoint this config cannot continue is a `CheckpointError`, unless `start_over` moves the
-    previous run aside (workdir.py). The summary's `exit_code` is launch.py's exit status."""
-    workdir = Path(workdir)
+    previous run aside (workdir.py). SIGTERM or Ctrl-C finishes the step in flight, checkpoints
+    and returns INTERRUPTED; a second one raises KeyboardInterrupt. A `UserError` raised once
+    training has started is re-raised as `RunFailedError` (exit status FAILED, not REFUSED). The
+    summary's `exit_code` is launch.py's exit status (errors.py `ExitCode`)."""
+    stop = StopRequest()
+    previous = stop.install()  # before the build, so a SIGTERM while compiling is handled too
+    try:
+        return _run(cfg, Path(workdir), start_over, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def check_mesh(cfg: RunConfig) -> None:
+    """The configured mesh fits the devices there are (ConfigError naming config.mesh.shape)."""
+    devices = jax.devices()
+    shape = cfg.mesh.shape
+    if -1 not in shape and 0 < int(np.prod(shape)) < len(devices) and jax.process_count() == 1:
+        return  # a 1-device config on a host with more devices uses the first ones
+    try:
+        cfg.mesh.resolved_shape(len(devices))
+    except ValueError as err:
+        raise ConfigError(f"config.mesh.shape: {err}") from err
+
+
+def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> RunSummary:
     primary = multihost.is_primary()  # metrics, config.json, plots and the summary: once
+    check_mesh(cfg)
     run_dir.prepare(workdir, cfg, start_over=start_over)
     tr = build_trainer(cfg, workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpointer(workdir / run_dir.CHECKPOINTS, cfg.checkpoint)
+    ckpt = Checkpointer(
+        workdir / run_dir.CHECKPOINTS, cfg.checkpoint, log_file=workdir / run_dir.LOG
+    )
     writer: Any = NullWriter()
-    stop = _StopRequest()
-    previous_handler = signal.signal(signal.SIGINT, stop) if _main_thread() else None
     start = done = -1  # -1 until the restore: no summary for a run that never started
     status, reason = Status.FINISHED, ""
     try:
@@ -499,7 +529,11 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
             writer = MetricsWriter(
                 workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start
             )
+        if start < cfg.train.steps and _any_process(stop.requested):
+            status, reason = Status.INTERRUPTED, f"{stop.signal_name} before the first step"
         for step in range(start + 1, cfg.train.steps + 1):
+            if status is not Status.FINISHED:
+                break
             metrics = rl_step(tr, step)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with _timed(metrics, "eval"):
@@ -520,17 +554,20 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
             if step % cfg.checkpoint.every_steps == 0 or last:
                 _checkpoint(tr, ckpt, step, writer)
             if stopping:
-                status = Status.INTERRUPTED
+                status, reason = Status.INTERRUPTED, stop.signal_name or "interrupted"
                 break
-    except KeyboardInterrupt:  # the second Ctrl-C; reported in the summary, then raised
-        status, reason = Status.INTERRUPTED, "second Ctrl-C: stopped mid-step, not checkpointed"
+    except KeyboardInterrupt:  # the second signal; reported in the summary, then raised
+        status, reason = Status.ABORTED, "stopped mid-step by a second signal, not checkpointed"
         raise
+    except UserError as err:  # a known failure, but training had started: FAILED, one line
+        status, reason = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        if start < 0:
+            raise
+        raise RunFailedError(f"step {done + 1}: {err}") from err
     except Exception as err:  # reported in the summary, then raised as it was
         status, reason = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
         raise
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
         ckpt.wait()
         saved = ckpt.latest_step()
         ckpt.close()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from dynamo_jax.sharding import multihost
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
+LOG = "run.log"  # library detail kept off the console (runlog.py), e.g. orbax's tracebacks
 # What a run writes into its workdir (moved, never deleted, by `move_previous_run`).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "plots", "config.json")
 
@@ -182,7 +184,7 @@ def check_resumable(workdir: Path, cfg: RunConfig) -> None:
     directory = Path(workdir) / CHECKPOINTS
     if not directory.is_dir():
         return
-    ckpt = Checkpointer(directory, cfg.checkpoint, read_only=True)
+    ckpt = Checkpointer(directory, cfg.checkpoint, read_only=True, log_file=Path(workdir) / LOG)
     try:
         for step in reversed(ckpt.all_steps()):
             try:
@@ -201,12 +203,27 @@ def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
     check_inputs(cfg)
     if Path(workdir).exists() and not Path(workdir).is_dir():
         raise ConfigError(f"--workdir {workdir}: exists and is not a directory")
+    make_workdir(Path(workdir))
     if not start_over:
         check_resumable(workdir, cfg)
         return
     moved = move_previous_run(workdir)
     if moved and multihost.is_primary():
         print(f"moved the previous run in {workdir} to {moved}", flush=True)
+
+
+def make_workdir(workdir: Path) -> None:
+    """Create `workdir` (and its parents) and check that a file can be written in it; a
+    `ConfigError` naming it otherwise (e.g. a path under /proc, a read-only filesystem)."""
+    probe = workdir / f".write-test-{os.getpid()}"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"--workdir {workdir}: not a usable directory ({err.strerror or err})"
+        ) from err
 
 
 def move_previous_run(workdir: Path) -> Path | None:

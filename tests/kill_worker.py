@@ -2,9 +2,11 @@
 (test_train.py::test_kill_9_at_random_moments_then_resume_is_bit_identical).
 
     python tests/kill_worker.py TIMELINE KILL LAUNCH_ARGS...
+    KILL_WORKER_RAISE=SidecarError:2 python tests/kill_worker.py ...   (a fault, not a kill)
 
 Appends one JSON line per event to TIMELINE: {"event", "index", "t"} for step_begin/step_end
-(index = the step), save_begin/save_end (index = the checkpoint step; end = committed) and
+(index = the step), save_begin/save_end (index = the checkpoint step; end = committed),
+committed (orbax committed the step and has not yet deleted the steps beyond max_to_keep) and
 closed (the checkpointer closed after the last save). KILL is "none" or "EVENT:INDEX:DELAY":
 SIGKILL this process DELAY seconds after that event, from a timer thread, whatever it is doing
 then (compiling, mid-step, writing a checkpoint), or at the end of that phase (step_end,
@@ -53,8 +55,15 @@ def install(timeline: Path, kill: str, patch=None) -> None:
 
     real_step, real_save, real_close = train.rl_step, Checkpointer.save, Checkpointer.close
 
+    fault = os.environ.get("KILL_WORKER_RAISE", "")
+
     def rl_step(tr, step):
         event("step_begin", step)
+        if fault and int(fault.split(":")[1]) == step:
+            from dynamo_jax.errors import SidecarError
+
+            kind = {"RuntimeError": RuntimeError, "SidecarError": SidecarError}[fault.split(":")[0]]
+            raise kind(f"injected at step {step}: sidecar 0 failed after 3 restarts")
         metrics = real_step(tr, step)
         event("step_end", step)
         return metrics
@@ -69,9 +78,19 @@ def install(timeline: Path, kill: str, patch=None) -> None:
         if not self.read_only:
             event("closed", 0)
 
+    import orbax.checkpoint as ocp
+
+    real_finalize = ocp.CheckpointManager._finalize_checkpoint
+
+    def finalize_checkpoint(self, step):
+        out = real_finalize(self, step)
+        event("committed", step)  # orbax deletes the steps beyond max_to_keep right after
+        return out
+
     patch(train, "rl_step", rl_step)
     patch(Checkpointer, "save", save)
     patch(Checkpointer, "close", close)
+    patch(ocp.CheckpointManager, "_finalize_checkpoint", finalize_checkpoint)
 
 
 def main() -> None:

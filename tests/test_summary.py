@@ -57,8 +57,9 @@ def test_last_eval_takes_the_overall_pass_at_k_of_the_last_evaluation():
     "status,last_step,code",
     [
         (Status.FINISHED, 20, 0),
-        (Status.INTERRUPTED, 7, 0),  # Ctrl-C: checkpointed, resumes with the same command
-        (Status.NONFINITE, 7, 1),
+        (Status.INTERRUPTED, 7, 3),  # SIGTERM/Ctrl-C: checkpointed, resumes with the same command
+        (Status.ABORTED, 7, 5),  # a second SIGTERM/Ctrl-C: stopped at once
+        (Status.NONFINITE, 7, 4),
         (Status.FAILED, 7, 1),
         (Status.FINISHED, 7, 1),  # stopped before its last step for any other reason
     ],
@@ -102,8 +103,25 @@ def test_the_printed_block_says_why_a_run_stopped():
     assert "  non-finite   3 update(s) skipped" in text
     assert "  checkpoint   /runs/w/checkpoints/6" in text
     assert "  metrics      /runs/w/metrics.jsonl\n" in text
-    text = format_summary(_summary(status=Status.INTERRUPTED, last_step=2), _records(2), "overall")
-    assert text.startswith("run tiny interrupted after step 2 of 20; rerun the same command")
+    interrupted = _summary(status=Status.INTERRUPTED, last_step=2, checkpoint_step=2)
+    text = format_summary(interrupted, _records(2), "overall")
+    assert text.startswith("run tiny interrupted after step 2 of 20; checkpointed, rerun to resume")
+    text = format_summary(
+        _summary(status=Status.INTERRUPTED, reason="SIGTERM", last_step=2, checkpoint_step=1),
+        _records(2),
+        "overall",
+    )
+    assert text.startswith("run tiny interrupted (SIGTERM) after step 2 of 20; NOT checkpointed")
+    text = format_summary(
+        _summary(status=Status.INTERRUPTED, reason="SIGTERM before the first step", start_step=2,
+                 last_step=2, checkpoint_step=2),
+        _records(2),
+        "overall",
+    )  # fmt: skip
+    assert text.startswith(
+        "run tiny interrupted (SIGTERM before the first step) after step 2 of 20; no step ran, "
+        "rerun to resume"
+    )
     text = format_summary(
         _summary(checkpoint_step=None, last_step=0, status=Status.FAILED, reason="DataError: x"),
         [],

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from dynamo_jax.errors import ConfigError, SidecarError
-from dynamo_jax.rollout import weight_push, wire
+from dynamo_jax.rollout import tempdirs, weight_push, wire
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -280,6 +280,7 @@ class _Resources:
 
     process: _Process | None = None
     socket_dir: str = ""
+    workdir: str = ""  # where socket_dir is recorded (rollout/tempdirs.py)
     # Pushes this engine made itself (a fleet's shared push is the fleet's to delete).
     push_dirs: list[Path] = dataclasses.field(default_factory=list)
 
@@ -297,6 +298,8 @@ def _release(res: _Resources, graceful: bool) -> None:
     for path in (*res.push_dirs, res.socket_dir):
         if path:
             shutil.rmtree(path, ignore_errors=True)
+    if res.socket_dir and res.workdir:
+        tempdirs.forget(res.workdir, res.socket_dir)
     res.push_dirs, res.socket_dir = [], ""
 
 
@@ -360,8 +363,13 @@ class VLLMSidecarEngine:
         self._version = 0
         self._push: weight_push.PushDir | None = None  # what a restarted sidecar is re-given
         # Unix socket paths are limited to ~100 bytes, so the socket lives in a short private
-        # (0700) temp dir rather than in the workdir.
-        self._res = _Resources(socket_dir=tempfile.mkdtemp(prefix="dynamo-sidecar-"))
+        # (0700) temp dir rather than in the workdir; it is recorded there, so the next run of
+        # this workdir removes it if this process dies without cleaning up (SIGKILL), and this
+        # run removes what an earlier, dead one left.
+        tempdirs.remove_stale(self.log_path.parent)
+        self._res = _Resources(
+            socket_dir=tempdirs.make(self.log_path.parent), workdir=str(self.log_path.parent)
+        )
         self._finalizer = weakref.finalize(self, _release, self._res, False)
         try:
             self._start()
