@@ -117,6 +117,8 @@ def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, 
     _need(t.micro_batches == 1 and not t.max_tokens_per_micro_batch,
           "micro-batches (TRL's bnpo normalises per micro-batch)")  # fmt: skip
     _need(t.max_staleness == 0 and not t.dynamic_sampling, "off-policy or dynamic sampling")
+    # TRL's per-token KL is the k3 estimator exp(r) - r - 1 of r = log pi_ref - log pi
+    _need(loss.kl in ("none", "k3"), f"loss.kl {loss.kl!r} (TRL's KL term is k3)")
     _need(loss.dual_clip is None, "loss.dual_clip (TRL's delta clips the other side)")
     _need(cfg.temperature.mode == "fixed", f"temperature.mode {cfg.temperature.mode!r}")
     _need(opt.schedule == "constant" and opt.warmup_steps == 0, "a learning-rate schedule")
