@@ -425,7 +425,9 @@ def report(args, mode: str, got: dict, loads: dict) -> None:
         print(f"  {p:13s} {a:10.4f} {b:10.4f} {ratio}")
     for k in ("project", "TRL"):
         lengths = [s["length"] for s in got[k]]
-        print(f"  {k}: load {load[k]}; mean response length {_median(lengths):.1f} tokens")
+        shortest = [s["min_length"] for s in got[k] if "min_length" in s]
+        least = f" (shortest {min(shortest)})" if shortest else ""
+        print(f"  {k}: load {load[k]}; mean response length {_median(lengths):.1f} tokens{least}")
 
 
 def sample_efficiency(args) -> None:
