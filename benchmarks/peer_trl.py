@@ -91,8 +91,7 @@ def smollm2_config():
         run = from_config_dict(config)
     except Exception as err:  # any failure to load the shape means: not loadable yet
         raise Unavailable(f"configs/smollm2_arith.py does not load here: {err}") from err
-    if run.data.task != "synthetic":
-        raise Unavailable(f"its task is {run.data.task!r}; the TRL side scores the synthetic task")
+    del run
     return config
 
 
@@ -249,7 +248,7 @@ def say(obj) -> None:
     sys.stdout.flush()
 
 
-def project_worker(shape: str, seed: int, steps: int, tmp: str) -> None:
+def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> None:
     """The project side: build the run, export its init + the TRL spec, then train on command."""
     from dynamo_jax.config import from_config_dict
     from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
@@ -267,6 +266,8 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str) -> None:
         "rows": task_rows(cfg),
         "reward_values": reward_values(cfg.reward),
         "max_response_chars": MAX_RESPONSE_CHARS,
+        # the synthetic verdict re-implemented in the TRL worker, else the project's scorer
+        "reward": "synthetic" if cfg.data.task == "synthetic" and reward == "auto" else "project",
         "trl_args": kwargs,
         "settings": rows,
         "force_length": force,
@@ -279,6 +280,11 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str) -> None:
         words = line.split()
         if not words or words[0] == "stop":
             break
+        if words[0] == "score":  # for the TRL side: the same verdicts, by the same code
+            asked = json.loads(line.split(" ", 1)[1])
+            verdicts = tr.task.scorer.score(asked["texts"], asked["golds"])
+            say({"rewards": [v.reward for v in verdicts]})
+            continue
         out = []
         for _ in range(int(words[1])):
             step += 1
@@ -312,17 +318,28 @@ class Worker:
             text=True, env=env, cwd=ROOT,
         )  # fmt: skip
 
-    def answer(self) -> dict:
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self, scorer: Worker | None = None) -> dict:
+        """The next answer; `score` requests on the way are passed to `scorer` and answered."""
         for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                return json.loads(line[len(PREFIX) :])
+            if not line.startswith(PREFIX):
+                continue
+            got = json.loads(line[len(PREFIX) :])
+            if "score" not in got:
+                return got
+            if scorer is None:
+                raise SystemExit(f"peer_trl: the {self.name} worker asked for scores: no scorer")
+            scorer.send("score " + json.dumps(got["score"]))
+            self.send(json.dumps(scorer.answer()["rewards"]))
         tail = self.log.read_text()[-3000:]
         raise SystemExit(f"peer_trl: the {self.name} worker exited ({self.proc.wait()}):\n{tail}")
 
-    def go(self, steps: int) -> dict:
-        self.proc.stdin.write(f"go {steps}\n")
-        self.proc.stdin.flush()
-        return self.answer()
+    def go(self, steps: int, scorer: Worker | None = None) -> dict:
+        self.send(f"go {steps}")
+        return self.answer(scorer)
 
     def stop(self) -> None:
         try:
@@ -355,7 +372,7 @@ def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker
     """The project worker (which writes the spec), then the TRL worker on that spec."""
     env, prefix = worker_env(mode)
     me = [sys.executable, str(Path(__file__).resolve()), "--_project_worker", args.shape]
-    me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp]
+    me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp, "--reward", args.reward]
     project = Worker("project", prefix + me, env, Path(tmp) / "project.log")
     project.answer()
     spec = json.loads((Path(tmp) / "spec.json").read_text())
@@ -401,7 +418,7 @@ def speed(args) -> None:
                     order = (project, trl) if r % 2 == 0 else (trl, project)
                     for w in order:
                         before = os.getloadavg()[0]
-                        ans = w.go(args.steps_per_round)
+                        ans = w.go(args.steps_per_round, scorer=project)
                         got[w.name] += ans["steps"]
                         loads[w.name] += [before, ans["load"]]
             finally:
@@ -442,7 +459,8 @@ def sample_efficiency(args) -> None:
                 print_settings(spec)
             try:
                 for w in (project, trl):  # one after the other: neither slows the other
-                    curves[w.name][seed] = [s["reward"] for s in w.go(args.steps)["steps"]]
+                    steps = w.go(args.steps, scorer=project)["steps"]
+                    curves[w.name][seed] = [s["reward"] for s in steps]
             finally:
                 project.stop()
                 trl.stop()
@@ -475,6 +493,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each side dropped")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl_python", type=Path, default=ROOT / ".venv-trl" / "bin" / "python")
+    parser.add_argument(
+        "--reward",
+        default="auto",
+        choices=("auto", "project"),
+        help="TRL's reward: auto = the synthetic verdict re-implemented in the TRL worker for the "
+        "synthetic task, the project's scorer (called from TRL's reward function) otherwise; "
+        "project = always the project's scorer",
+    )
     parser.add_argument("--sample_efficiency", action="store_true")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=100, help="steps per seed (sample efficiency)")
@@ -484,7 +510,7 @@ def main() -> None:
     parser.add_argument("--_tmp", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._project_worker:
-        return project_worker(args._project_worker, args.seed, args._steps, args._tmp)
+        return project_worker(args._project_worker, args.seed, args._steps, args._tmp, args.reward)
     if not args.trl_python.exists():
         sys.exit(f"peer_trl: {args.trl_python} not found: run `bash scripts/make_trl_venv.sh`")
     if any(m not in ("single", "all") for m in args.modes.split(",")):

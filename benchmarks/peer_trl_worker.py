@@ -13,7 +13,10 @@ transformers' prints are ignored): after building the trainer it answers `ready`
 object with per-step phase seconds, rewards and completion lengths; `stop` ends training.
 The reward function is the synthetic task's verdict re-implemented here (`synthetic_reward`;
 tests/test_peer_trl.py proves it equal to dynamo_jax.data.synthetic's on every 1- and 2-token
-completion and the edge cases).
+completion and the edge cases), or with spec "reward": "project" (any other task, or
+`--reward project`) the project's own scorer: the worker answers `score` with the decoded texts
+and gold answers and reads back one JSON line of rewards, which the driver gets from the
+project worker (its `Task.scorer`, idle while TRL runs).
 """
 
 from __future__ import annotations
@@ -104,7 +107,11 @@ def build(spec: dict):
 
     def reward(prompts, completions, completion_ids, gold, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        out = [synthetic_reward(t, g, values, max_chars) for t, g in zip(texts, gold)]
+        if spec["reward"] == "project":  # the project's own scorer, through the driver
+            say({"score": {"texts": texts, "golds": list(gold)}})
+            out = [float(r) for r in json.loads(sys.stdin.readline())]
+        else:
+            out = [synthetic_reward(t, g, values, max_chars) for t, g in zip(texts, gold)]
         log["reward"].append(sum(out) / len(out))
         log["length"].append(sum(map(len, completion_ids)) / len(completion_ids))
         log["min_length"].append(min(map(len, completion_ids)))
