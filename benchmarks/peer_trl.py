@@ -23,8 +23,8 @@ GRPOTrainer's `_generate`, `_calculate_rewards`, the no-grad `_get_per_token_log
 and a callback around each optimizer step. Figures are medians over the steps after the first
 `--warmup` of each side (JAX compiles, torch allocates); the 1-minute load average is printed
 beside each, since other work on the machine slows whichever side runs while it does.
-`--sample_efficiency` trains both from the same init for `--steps` steps per seed and prints
-the reward curves per seed and the steps to each target reward.
+`--sample_efficiency` trains both from the same init (the first `--modes` entry) for `--steps`
+steps per seed and prints the reward curves per seed and the steps to each target reward.
 """
 
 from __future__ import annotations
