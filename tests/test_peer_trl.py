@@ -178,3 +178,35 @@ def test_phase_medians_take_other_as_the_rest_of_the_step():
     assert med["generate"] == 2.0 and med["update"] == 2.0 and med["step"] == 6.0
     # other per step: 0.7, 0.5, 0.6 -> median 0.6
     assert med["other"] == pytest.approx(0.6)
+
+
+def test_score_requests_are_answered_by_the_scorer_worker(tmp_path):
+    """TRL's reward function (here a stand-in) asks for scores mid-round; the driver passes the
+    request to the project worker (a stand-in scorer) and writes its rewards back."""
+    prefix = peer_trl.PREFIX
+    trl_side = (
+        "import json, sys\n"
+        "sys.stdin.readline()\n"  # go 1
+        "print('a TRL log line that is not an answer', flush=True)\n"
+        f"print({prefix!r} + json.dumps({{'score': {{'texts': ['3', 'x'], 'golds': ['3', '3']}}}}),"
+        " flush=True)\n"
+        "rewards = json.loads(sys.stdin.readline())\n"
+        f"print({prefix!r} + json.dumps({{'steps': [{{'reward': sum(rewards)}}]}}), flush=True)\n"
+    )
+    scorer_side = (
+        "import json, sys\n"
+        "words = sys.stdin.readline().split(' ', 1)\n"
+        "asked = json.loads(words[1])\n"
+        "rewards = [float(t == g) for t, g in zip(asked['texts'], asked['golds'])]\n"
+        f"print({prefix!r} + json.dumps({{'rewards': rewards}}), flush=True)\n"
+    )
+    env = dict(__import__("os").environ)
+    trl = peer_trl.Worker("TRL", [sys.executable, "-c", trl_side], env, tmp_path / "t.log")
+    project = peer_trl.Worker(
+        "project", [sys.executable, "-c", scorer_side], env, tmp_path / "p.log"
+    )
+    try:
+        assert trl.go(1, scorer=project) == {"steps": [{"reward": 1.0}]}
+    finally:
+        trl.stop()
+        project.stop()
