@@ -1,0 +1,534 @@
+"""Side by side with TRL's GRPOTrainer: the same init, prompts, reward and settings, per phase.
+
+    bash scripts/make_trl_venv.sh                         # once: TRL 1.16 + CPU torch 2.13
+    python benchmarks/peer_trl.py --shape tiny --rounds 4 --steps_per_round 5
+    python benchmarks/peer_trl.py --shape small --modes single --rounds 3 --steps_per_round 2
+    python benchmarks/peer_trl.py --shape tiny --sample_efficiency --seeds 4 --steps 100
+
+The project side builds the shape's run (configs/tiny.py's GRPO recipe at that shape), exports
+its initial weights and tokenizer as an HF directory, and writes the prompts (messages, token ids,
+gold answers), the reward of each verdict status and the GRPOConfig arguments mapped one to one
+from its config (`trl_settings`; the table is printed with every run). The TRL side
+(benchmarks/peer_trl_worker.py, in the TRL venv) loads them and checks that its chat template
+gives the project's prompt ids. Each side is a worker process kept alive between rounds; the
+rounds alternate (project then TRL, then TRL then project, ...), so load from other work falls
+on both. `--modes single`: every worker pinned to core 0 (taskset) with one thread (OpenMP/BLAS
+threads 1, XLA's Eigen pool off, torch.set_num_threads(1)); `all`: every core and thread.
+
+Per RL step, both sides split the time into generate (sampling, incl. tokenising/decoding),
+score (the reward), old_logprobs (the behaviour policy's log-probs: the no-grad forward before
+the updates), update (the optimizer updates: forward, backward, AdamW) and other (the rest of
+the step: batching, advantages, weight push, bookkeeping); TRL's come from wrappers around
+GRPOTrainer's `_generate`, `_calculate_rewards`, the no-grad `_get_per_token_logps_and_entropies`
+and a callback around each optimizer step. Figures are medians over the steps after the first
+`--warmup` of each side (JAX compiles, torch allocates); the 1-minute load average is printed
+beside each, since other work on the machine slows whichever side runs while it does.
+`--sample_efficiency` trains both from the same init (the first `--modes` entry) for `--steps`
+steps per seed and prints the reward curves per seed and the steps to each target reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.peer_trl_worker import PREFIX  # noqa: E402  (after the path insert)
+
+SHAPES = ("tiny", "small", "smollm2")
+PHASES = ("generate", "score", "old_logprobs", "update", "other", "step")
+SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+XLA_ONE_THREAD = " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+class Unavailable(Exception):
+    """The shape cannot run in this checkout (said in one line, then skipped)."""
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def shape_config(shape: str, seed: int, steps: int):
+    """(ConfigDict, force_length) of a shape: configs/tiny.py's GRPO recipe at that shape."""
+    from configs import tiny
+
+    config = tiny.get_config("method=grpo")
+    force = False
+    if shape == "small":  # small-qwen3 over the synthetic vocabulary, 32 tokens every time
+        from configs import base
+
+        config.model = base.model("small-qwen3", vocab_size=config.model.vocab_size)
+        config.rollout.max_new_tokens = 32
+        force = True
+    elif shape == "smollm2":
+        config = smollm2_config()
+    elif shape != "tiny":
+        raise ValueError(f"--shape must be one of {SHAPES}, got {shape!r}")
+    config.train.seed = seed
+    config.data.seed = seed
+    config.train.steps = steps
+    return config, force
+
+
+def smollm2_config():
+    """configs/smollm2_arith.py's config (the SmolLM2-135M real-model shape), or Unavailable."""
+    if not (ROOT / "configs" / "smollm2_arith.py").exists():
+        raise Unavailable("configs/smollm2_arith.py is not in this checkout yet")
+    try:
+        from configs import smollm2_arith
+
+        config = smollm2_arith.get_config()
+        from dynamo_jax.config import from_config_dict
+
+        run = from_config_dict(config)
+    except Exception as err:  # any failure to load the shape means: not loadable yet
+        raise Unavailable(f"configs/smollm2_arith.py does not load here: {err}") from err
+    del run
+    return config
+
+
+# ----------------------------------------------------------------------------- settings map
+
+
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"peer_trl: the run cannot be mapped to TRL one to one: {what}")
+
+
+def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, str]], dict]:
+    """(table rows (project key, value, TRL argument, value), GRPOConfig kwargs) of a RunConfig.
+
+    Raises ValueError for a setting TRL has no equivalent of (the comparison would not be of the
+    same work)."""
+    t, loss, opt, roll = cfg.train, cfg.loss, cfg.optim, cfg.rollout
+    _need(cfg.allocation.policy == "uniform", f"allocation.policy {cfg.allocation.policy!r}")
+    _need(loss.baseline == "grpo", f"loss.baseline {loss.baseline!r} (TRL runs GRPO)")
+    _need(loss.loss_agg_mode == "token-mean", f"loss.loss_agg_mode {loss.loss_agg_mode!r}")
+    _need(cfg.budget % t.mini_batch_size == 0, "train.mini_batch_size must divide the budget")
+    _need(t.micro_batches == 1 and not t.max_tokens_per_micro_batch,
+          "micro-batches (TRL's bnpo normalises per micro-batch)")  # fmt: skip
+    _need(t.max_staleness == 0 and not t.dynamic_sampling, "off-policy or dynamic sampling")
+    # TRL's per-token KL is the k3 estimator exp(r) - r - 1 of r = log pi_ref - log pi
+    _need(loss.kl in ("none", "k3"), f"loss.kl {loss.kl!r} (TRL's KL term is k3)")
+    _need(loss.dual_clip is None, "loss.dual_clip (TRL's delta clips the other side)")
+    _need(cfg.temperature.mode == "fixed", f"temperature.mode {cfg.temperature.mode!r}")
+    _need(opt.schedule == "constant" and opt.warmup_steps == 0, "a learning-rate schedule")
+    _need(cfg.model.dtype == "float32", f"model.dtype {cfg.model.dtype!r}")
+    updates = cfg.budget // t.mini_batch_size
+    kl = loss.kl != "none"
+    kwargs = dict(
+        per_device_train_batch_size=t.mini_batch_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=updates,
+        num_generations=cfg.allocation.n_avg,
+        num_iterations=t.ppo_epochs,
+        max_steps=t.steps * updates * t.ppo_epochs,
+        loss_type="bnpo",
+        epsilon=loss.clip_low,
+        epsilon_high=loss.clip_high,
+        beta=loss.kl_coef if kl else 0.0,
+        scale_rewards="group" if loss.norm_adv_by_std else "none",
+        learning_rate=opt.learning_rate,
+        weight_decay=opt.weight_decay,
+        adam_beta1=opt.b1,
+        adam_beta2=opt.b2,
+        adam_epsilon=opt.eps,
+        max_grad_norm=opt.max_grad_norm if opt.max_grad_norm > 0 else 0.0,
+        optim="adamw_torch",
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_completion_length=roll.max_new_tokens,
+        temperature=float(cfg.temperature.initial),
+        top_p=roll.top_p,
+        top_k=0 if roll.top_k == -1 else roll.top_k,
+        mask_truncated_completions=False,
+        seed=t.seed,
+        data_seed=cfg.data.seed,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    if force_length:  # the project's engine with no stop token ≙ generate without an eos id
+        kwargs["generation_kwargs"] = {"eos_token_id": None}
+    n = cfg.allocation.n_avg
+    rows = [
+        ("train.prompts_per_step x allocation.n_avg", f"{t.prompts_per_step} x {n} (uniform)",
+         "generation_batch_size / num_generations",
+         f"{t.mini_batch_size * updates} / {kwargs['num_generations']}"),
+        ("train.mini_batch_size", t.mini_batch_size, "per_device_train_batch_size",
+         kwargs["per_device_train_batch_size"]),
+        ("budget / mini_batch_size (updates per step)", updates, "steps_per_generation",
+         updates),
+        ("train.ppo_epochs", t.ppo_epochs, "num_iterations", t.ppo_epochs),
+        ("train.micro_batches", t.micro_batches, "gradient_accumulation_steps", 1),
+        ("train.steps", t.steps, "max_steps (optimizer steps)", kwargs["max_steps"]),
+        ("loss.baseline / loss_agg_mode", f"{loss.baseline} / {loss.loss_agg_mode}",
+         "loss_type", "bnpo"),
+        ("loss.clip_low / clip_high", f"{loss.clip_low} / {loss.clip_high}",
+         "epsilon / epsilon_high", f"{loss.clip_low} / {loss.clip_high}"),
+        ("loss.dual_clip", loss.dual_clip, "delta", None),
+        ("loss.kl (coef)", f"{loss.kl} ({loss.kl_coef if kl else 0})", "beta", kwargs["beta"]),
+        ("loss.norm_adv_by_std (eps)", f"{loss.norm_adv_by_std} (1e-6)", "scale_rewards (eps)",
+         f"{kwargs['scale_rewards']} (1e-4, fixed in TRL)"),
+        ("optim: AdamW lr / wd", f"{opt.learning_rate} / {opt.weight_decay}",
+         "optim=adamw_torch learning_rate / weight_decay",
+         f"{opt.learning_rate} / {opt.weight_decay}"),
+        ("optim.b1 / b2 / eps", f"{opt.b1} / {opt.b2} / {opt.eps}",
+         "adam_beta1 / adam_beta2 / adam_epsilon", f"{opt.b1} / {opt.b2} / {opt.eps}"),
+        ("optim.max_grad_norm", opt.max_grad_norm, "max_grad_norm", kwargs["max_grad_norm"]),
+        ("optim.schedule / warmup_steps", f"{opt.schedule} / {opt.warmup_steps}",
+         "lr_scheduler_type / warmup_steps", "constant / 0"),
+        ("rollout.max_new_tokens", roll.max_new_tokens, "max_completion_length",
+         roll.max_new_tokens),
+        ("stop token", "none (forced length)" if force_length else "<eos> ends a response",
+         "generation_kwargs", kwargs.get("generation_kwargs", "(eos from the tokenizer)")),
+        ("temperature (fixed)", cfg.temperature.initial, "temperature", kwargs["temperature"]),
+        ("rollout.top_p / top_k", f"{roll.top_p} / {roll.top_k}", "top_p / top_k",
+         f"{roll.top_p} / {kwargs['top_k']}"),
+        ("(truncated responses trained)", True, "mask_truncated_completions", False),
+        ("model.dtype", cfg.model.dtype, "bf16 / fp16", "False / False (float32)"),
+        ("train.seed / data.seed", f"{t.seed} / {cfg.data.seed}", "seed / data_seed",
+         f"{t.seed} / {cfg.data.seed}"),
+    ]  # fmt: skip
+    return [tuple(str(c) for c in row) for row in rows], kwargs
+
+
+# ----------------------------------------------------------------------------- project worker
+
+
+def task_rows(cfg) -> list[dict]:
+    """The task's prompts as the project templates them: messages, token ids, gold answer."""
+    from dynamo_jax import data, tasks
+    from dynamo_jax.data.prompts import with_system_prompt
+
+    tokenizer = tasks.task_tokenizer(cfg)
+    prompts = data.build_prompts(tasks._rows(cfg, cfg.data.paths), tokenizer, cfg.data)
+    return [
+        {
+            "messages": with_system_prompt(row.messages, cfg.data.system_prompt),
+            "prompt_ids": list(ids),
+            "gold": row.gold,
+        }
+        for row, ids in zip(prompts.rows, prompts.token_ids)
+    ]
+
+
+def reward_values(reward_cfg) -> dict[str, float]:
+    """The reward of each verdict status under the run's reward section."""
+    from dynamo_jax.rewards.math_check import reward_for
+    from dynamo_jax.rewards.verdict import STATUSES
+
+    return {s: float(reward_for(s, reward_cfg)) for s in STATUSES}
+
+
+def export_init(params, cfg, out_dir: Path) -> Path:
+    """The initial weights (float32) and the task's tokenizer as an HF directory."""
+    from dynamo_jax import tasks
+    from dynamo_jax.models.hf_io import save_hf_checkpoint
+
+    tokenizer = tasks.task_tokenizer(cfg)
+    return save_hf_checkpoint(params, cfg.model, out_dir, tokenizer=tokenizer, dtype="float32")
+
+
+def say(obj) -> None:
+    sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> None:
+    """The project side: build the run, export its init + the TRL spec, then train on command."""
+    from dynamo_jax.config import from_config_dict
+    from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
+    from dynamo_jax.train import build_trainer, rl_step
+
+    config, force = shape_config(shape, seed, steps)
+    cfg = from_config_dict(config)
+    rows, kwargs = trl_settings(cfg, force_length=force)
+    tr = build_trainer(cfg, Path(tmp) / "project")
+    if force:
+        tr.task.stop_token_ids = ()  # no stop token: every response is max_new_tokens long
+    model_dir = export_init(tr.state.params, cfg, Path(tmp) / "init_hf")
+    spec = {
+        "model_dir": str(model_dir),
+        "rows": task_rows(cfg),
+        "reward_values": reward_values(cfg.reward),
+        "max_response_chars": MAX_RESPONSE_CHARS,
+        # the synthetic verdict re-implemented in the TRL worker, else the project's scorer
+        "reward": "synthetic" if cfg.data.task == "synthetic" and reward == "auto" else "project",
+        "trl_args": kwargs,
+        "settings": rows,
+        "force_length": force,
+        "num_params": cfg.model.num_params,
+    }
+    (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+    say({"ready": True, "load": os.getloadavg()[0]})
+    step = 0
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "stop":
+            break
+        if words[0] == "score":  # for the TRL side: the same verdicts, by the same code
+            asked = json.loads(line.split(" ", 1)[1])
+            verdicts = tr.task.scorer.score(asked["texts"], asked["golds"])
+            say({"rewards": [v.reward for v in verdicts]})
+            continue
+        out = []
+        for _ in range(int(words[1])):
+            step += 1
+            t0 = time.perf_counter()
+            m = rl_step(tr, step)
+            wall = time.perf_counter() - t0
+            phases = {
+                "generate": m["time/generate"],
+                "score": m["time/score"],
+                "old_logprobs": m["time/old_logprobs"] + m.get("time/behaviour_logprobs", 0.0),
+                "update": m["time/update"],
+                "step": wall,
+            }
+            phases.update(reward=m["reward/mean"], length=m["response/len_mean"])
+            out.append(phases)
+        say({"steps": out, "load": os.getloadavg()[0]})
+    tr.engine.close()
+    tr.task.close()
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+class Worker:
+    """A worker process answering PREFIX lines; its other output goes to a log file."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log: Path):
+        self.name, self.log = name, log
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "w"),
+            text=True, env=env, cwd=ROOT,
+        )  # fmt: skip
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self, scorer: Worker | None = None) -> dict:
+        """The next answer; `score` requests on the way are passed to `scorer` and answered."""
+        for line in self.proc.stdout:
+            if not line.startswith(PREFIX):
+                continue
+            got = json.loads(line[len(PREFIX) :])
+            if "score" not in got:
+                return got
+            if scorer is None:
+                raise SystemExit(f"peer_trl: the {self.name} worker asked for scores: no scorer")
+            scorer.send("score " + json.dumps(got["score"]))
+            self.send(json.dumps(scorer.answer()["rewards"]))
+        tail = self.log.read_text()[-3000:]
+        raise SystemExit(f"peer_trl: the {self.name} worker exited ({self.proc.wait()}):\n{tail}")
+
+    def go(self, steps: int, scorer: Worker | None = None) -> dict:
+        self.send(f"go {steps}")
+        return self.answer(scorer)
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def worker_env(mode: str) -> tuple[dict, list[str]]:
+    """(environment, command prefix) of a worker in thread mode `single` or `all`."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    if mode == "all":
+        return env, []
+    env.update(SINGLE_THREAD_ENV)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + XLA_ONE_THREAD
+    if shutil.which("taskset") is None:
+        print("warning: taskset is not on PATH: single-thread workers are not pinned to a core")
+        return env, []
+    return env, ["taskset", "-c", "0"]
+
+
+def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker, Worker, dict]:
+    """The project worker (which writes the spec), then the TRL worker on that spec."""
+    env, prefix = worker_env(mode)
+    me = [sys.executable, str(Path(__file__).resolve()), "--_project_worker", args.shape]
+    me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp, "--reward", args.reward]
+    project = Worker("project", prefix + me, env, Path(tmp) / "project.log")
+    project.answer()
+    spec = json.loads((Path(tmp) / "spec.json").read_text())
+    spec.update(threads=1 if mode == "single" else 0, out_dir=str(Path(tmp) / "trl_out"))
+    (Path(tmp) / "spec_trl.json").write_text(json.dumps(spec))
+    worker = [str(args.trl_python), str(ROOT / "benchmarks" / "peer_trl_worker.py")]
+    trl = Worker("TRL", prefix + worker + [str(Path(tmp) / "spec_trl.json")], env,
+                 Path(tmp) / "trl.log")  # fmt: skip
+    trl.answer()
+    return project, trl, spec
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if n else float("nan")
+
+
+def phase_medians(steps: list[dict]) -> dict[str, float]:
+    """Median seconds of each phase over `steps`; other = step − the named phases."""
+    named = PHASES[:4]
+    rows = [dict(s, other=s["step"] - sum(s.get(p, 0.0) for p in named)) for s in steps]
+    return {p: _median([r.get(p, 0.0) for r in rows]) for p in PHASES}
+
+
+def print_settings(spec: dict) -> None:
+    print(f"settings ({spec['num_params']:,} parameters; project key = value <-> TRL arg = value):")
+    for key, value, arg, trl_value in spec["settings"]:
+        print(f"  {key:44s} = {value:28s} <-> {arg} = {trl_value}")
+
+
+def speed(args) -> None:
+    for mode in args.modes.split(","):
+        steps = args.rounds * args.steps_per_round
+        with tempfile.TemporaryDirectory() as tmp:
+            project, trl, spec = start_pair(args, mode, args.seed, steps, tmp)
+            if mode == args.modes.split(",")[0]:
+                print_settings(spec)
+            got = {"project": [], "TRL": []}
+            loads = {"project": [], "TRL": []}
+            try:
+                for r in range(args.rounds):  # alternate which side goes first
+                    order = (project, trl) if r % 2 == 0 else (trl, project)
+                    for w in order:
+                        before = os.getloadavg()[0]
+                        ans = w.go(args.steps_per_round, scorer=project)
+                        got[w.name] += ans["steps"]
+                        loads[w.name] += [before, ans["load"]]
+            finally:
+                project.stop()
+                trl.stop()
+        report(args, mode, got, loads)
+
+
+def report(args, mode: str, got: dict, loads: dict) -> None:
+    kept = {k: v[args.warmup :] for k, v in got.items()}
+    med = {k: phase_medians(v) for k, v in kept.items()}
+    load = {k: f"{_median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for k, v in loads.items()}
+    threads = "1 thread on core 0" if mode == "single" else f"all threads ({os.cpu_count()} CPUs)"
+    n = len(kept["project"])
+    print(f"\n{args.shape}, {threads}: median s/step over {n} steps after {args.warmup} warm-up "
+          f"(rounds of {args.steps_per_round}, interleaved); load avg median (min-max)")  # fmt: skip
+    print(f"  {'phase':13s} {'project s':>10s} {'TRL s':>10s} {'TRL/project':>12s}")
+    for p in PHASES:
+        a, b = med["project"][p], med["TRL"][p]
+        ratio = f"{b / a:12.2f}" if a > 0 else f"{'-':>12s}"
+        print(f"  {p:13s} {a:10.4f} {b:10.4f} {ratio}")
+    for k in ("project", "TRL"):
+        lengths = [s["length"] for s in got[k]]
+        shortest = [s["min_length"] for s in got[k] if "min_length" in s]
+        least = f" (shortest {min(shortest)})" if shortest else ""
+        print(f"  {k}: load {load[k]}; mean response length {_median(lengths):.1f} tokens{least}")
+
+
+def sample_efficiency(args) -> None:
+    from benchmarks.sample_efficiency import steps_to_target
+
+    targets = [float(t) for t in args.targets.split(",")]
+    curves = {"project": {}, "TRL": {}}
+    for seed in range(args.seeds):
+        with tempfile.TemporaryDirectory() as tmp:
+            # threads do not change what is learnt: the first --modes entry (single by default,
+            # which suffers least from other work on the machine)
+            project, trl, spec = start_pair(args, args.modes.split(",")[0], seed, args.steps, tmp)
+            if seed == 0:
+                print_settings(spec)
+            try:
+                for w in (project, trl):  # one after the other: neither slows the other
+                    steps = w.go(args.steps, scorer=project)["steps"]
+                    curves[w.name][seed] = [s["reward"] for s in steps]
+            finally:
+                project.stop()
+                trl.stop()
+        for k in ("project", "TRL"):
+            c = curves[k][seed]
+            every = max(1, args.steps // 10)
+            points = " ".join(f"{sum(c[max(0, i - 4) : i + 1]) / len(c[max(0, i - 4) : i + 1]):.2f}"
+                              for i in range(every - 1, len(c), every))  # fmt: skip
+            hits = [steps_to_target(c, t) for t in targets]
+            print(f"seed {seed} {k:7s}: reward (5-step mean every {every} steps) {points}; "
+                  f"steps to {targets}: {hits}", flush=True)  # fmt: skip
+    print(f"\nmedian over {args.seeds} seeds of the steps to each target (a miss = {args.steps + 1})"
+          " and of the last 10 steps' mean reward; min-max in brackets:")  # fmt: skip
+    for k in ("project", "TRL"):
+        cells = []
+        for t in targets:
+            hits = [steps_to_target(c, t) or args.steps + 1 for c in curves[k].values()]
+            cells.append(f"to {t}: {_median(hits):.0f} [{min(hits)}-{max(hits)}]")
+        finals = [sum(c[-10:]) / len(c[-10:]) for c in curves[k].values()]
+        cells.append(f"final {_median(finals):.3f} [{min(finals):.3f}-{max(finals):.3f}]")
+        print(f"  {k:7s} " + ", ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="tiny", choices=SHAPES)
+    parser.add_argument("--modes", default="single,all", help="comma list of single | all")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps_per_round", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2, help="first steps of each side dropped")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl_python", type=Path, default=ROOT / ".venv-trl" / "bin" / "python")
+    parser.add_argument(
+        "--reward",
+        default="auto",
+        choices=("auto", "project"),
+        help="TRL's reward: auto = the synthetic verdict re-implemented in the TRL worker for the "
+        "synthetic task, the project's scorer (called from TRL's reward function) otherwise; "
+        "project = always the project's scorer",
+    )
+    parser.add_argument("--sample_efficiency", action="store_true")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=100, help="steps per seed (sample efficiency)")
+    parser.add_argument("--targets", default="0.5,0.7,0.9")
+    parser.add_argument("--_project_worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--_steps", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--_tmp", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._project_worker:
+        return project_worker(args._project_worker, args.seed, args._steps, args._tmp, args.reward)
+    if not args.trl_python.exists():
+        sys.exit(f"peer_trl: {args.trl_python} not found: run `bash scripts/make_trl_venv.sh`")
+    if any(m not in ("single", "all") for m in args.modes.split(",")):
+        parser.error("--modes takes single and/or all")
+    if args.shape == "smollm2":
+        try:
+            smollm2_config()
+        except Unavailable as err:
+            print(f"peer_trl: skipping shape smollm2: {err}")
+            return
+    from benchmarks.sample_efficiency import source_revision
+
+    print(f"peer_trl at {source_revision()}: {' '.join(sys.argv[1:]) or '(defaults)'}; "
+          f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)  # fmt: skip
+    sample_efficiency(args) if args.sample_efficiency else speed(args)
+
+
+if __name__ == "__main__":
+    main()
