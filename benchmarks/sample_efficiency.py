@@ -198,7 +198,8 @@ def main() -> None:
     methods = [m for m in args.methods.split(",") if m]
     if "grpo" not in methods:
         parser.error("--methods must include grpo (the ratios are to GRPO)")
-    runs = [(m, s) for m in methods for s in range(args.seeds)]
+    # Seed-major, so a run stopped early has every method's first seeds.
+    runs = [(m, s) for s in range(args.seeds) for m in methods]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
         known = pool.submit(tiny_methods).result()
         unknown = [m for m in methods if m.partition("@")[0] not in known]
