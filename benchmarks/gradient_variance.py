@@ -46,6 +46,12 @@ How it is measured:
   f(H) = sqrt(1 - exp(-H)) (Eq. 42), and 1 - p^n - (1 - p)^n, the chance that a group of n_avg
   has mixed rewards (a non-zero GRPO advantage).
 
+`--loss_agg_mode MODE` (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm, prompt-mean)
+measures the loss's gradient under that aggregation (default: the loss method's own, token-mean);
+sigma_i is then measured under the same mode. Under prompt-mean the batch gradient is
+(1/N) sum h_i(n_i) exactly, so Appendix C's model is the prediction to test; the table gives it
+a 95% interval too (sigma_i's draws bootstrapped per prompt, the allocations held fixed).
+
 Prints markdown tables and the commit it ran at. The GRPO policies are trained once per task
 into `--workdir` (reused when it already holds them).
 """
@@ -393,6 +399,17 @@ def policy_params(task: str, stage: int, stages: list[int], seed: int, workdir: 
     return restore_params(run_dir, run_cfg, stage)[1]
 
 
+def with_loss_agg_mode(cfg, mode: str):
+    """`cfg` with its loss aggregated by `mode` ('' keeps it); seq-mean-token-sum-norm divides by
+    the response length limit (Dr.GRPO's constant)."""
+    if not mode:
+        return cfg
+    extra = (
+        {"max_len_norm": cfg.rollout.max_new_tokens} if mode == "seq-mean-token-sum-norm" else {}
+    )
+    return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, loss_agg_mode=mode, **extra))
+
+
 # ----------------------------------------------------------------------------- one stage
 
 
@@ -453,19 +470,32 @@ def draw_gradients(pipe, rows, n, draws, n_avg, seed_parts) -> np.ndarray:
     return np.stack(grads)
 
 
-def sigma_squared(pipe, rows, n_avg, draws, seed_parts) -> np.ndarray:
-    """sigma_i^2 = n_avg E||h_i - E h_i||^2, h_i the gradient of prompt i's n_avg rollouts alone."""
-    out = np.zeros(rows.size)
+def sigma_squared(pipe, rows, n_avg, draws, seed_parts) -> tuple[np.ndarray, list[np.ndarray]]:
+    """sigma_i^2 = n_avg E||h_i - E h_i||^2, h_i the gradient of prompt i's n_avg rollouts alone;
+    and per prompt the Gram matrix of its `draws` h_i (for bootstrap intervals)."""
+    out, grams = np.zeros(rows.size), []
     for i, row in enumerate(rows):
         pool = pipe.sample(
             np.asarray([row]), np.asarray([n_avg * draws]), stream_seed(*seed_parts, i)
         )
-        total, sq = 0.0, 0.0
-        for d in range(draws):
-            g = pipe.gradient(pool[int(row)][d * n_avg : (d + 1) * n_avg], 1, n_avg)[0]
-            total, sq = total + g, sq + g @ g
-        out[i] = n_avg * (sq - (total @ total) / draws) / (draws - 1)
-    return out
+        h = np.stack(
+            [
+                pipe.gradient(pool[int(row)][d * n_avg : (d + 1) * n_avg], 1, n_avg)[0]
+                for d in range(draws)
+            ]
+        )
+        grams.append(h @ h.T)
+        out[i] = n_avg * total_variance(grams[-1])
+    return out, grams
+
+
+def predicted_ratio_interval(m: dict, n: np.ndarray, resamples: int, rng) -> tuple[float, float]:
+    """95% bootstrap interval of Appendix C's predicted ratio for allocation n (sigma_i's draws
+    resampled within each prompt)."""
+    boot = np.stack([m["n_avg"] * bootstrap_variances(g, resamples, rng) for g in m["sigma_grams"]])
+    ratios = np.sum(boot / n[:, None], 0) / (np.sum(boot, 0) / m["n_avg"])
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def reference(pipe: Pipeline, rows, batches: int, per_prompt: int, seed_parts) -> dict:
@@ -502,7 +532,7 @@ def measure_stage(args, pipe: Pipeline, task: str, task_index: int, stage: int) 
         for a in args.allocations
     }
     ref = reference(pipe, rows, args.reference, args.reference_n, (*base, REFERENCE))
-    sigma2 = sigma_squared(pipe, rows, n_avg, args.sigma_draws, (*base, SIGMA))
+    sigma2, sigma_grams = sigma_squared(pipe, rows, n_avg, args.sigma_draws, (*base, SIGMA))
     if "oracle_sigma" in allocations:
         allocations["oracle_sigma"] = oracle_allocation(task, sigma2, rows)
     stats: dict[tuple, DrawStats] = {}
@@ -524,6 +554,7 @@ def measure_stage(args, pipe: Pipeline, task: str, task_index: int, stage: int) 
         "allocations": allocations,
         "stats": stats,
         "sigma2": sigma2,
+        "sigma_grams": sigma_grams,
         "warmup_p": warm["correct"] / warm["count"],
         "seconds": time.perf_counter() - t0,
         **ref,
@@ -554,8 +585,8 @@ def variance_table(m: dict, resamples: int, rng: np.random.Generator) -> list[st
         f"{predicted_uniform:.3e}; ||g_ref||^2 {m['g_ref'] @ m['g_ref']:.3e}; "
         f"Appendix-C optimum (sum sigma)^2/(N sum sigma^2) = {appendix_c_optimum(sigma):.3f}",
         "",
-        "| allocation | n_i (min-max) | variance / uniform [95% CI] | App. C model | token-mean "
-        "model | E cos^2(g, g_ref) | bias^2 / ||g_ref||^2 |",
+        "| allocation | n_i (min-max) | variance / uniform [95% CI] | App. C model [95% CI] | "
+        "token-mean model | E cos^2(g, g_ref) | bias^2 / ||g_ref||^2 |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, n in m["allocations"].items():
@@ -565,9 +596,11 @@ def variance_table(m: dict, resamples: int, rng: np.random.Generator) -> list[st
         lo, hi = np.percentile(boot[ok] / base_boot[ok], [2.5, 97.5])
         first = next(a for a, o in m["allocations"].items() if np.array_equal(o, n))
         note = f" (same n as {first})" if first != name else ""
+        p_lo, p_hi = predicted_ratio_interval(m, n, resamples, rng)
         lines.append(
             f"| {name}{note} | {n.min()}-{n.max()} | {s.variance / base.variance:.3f} "
-            f"[{lo:.3f}, {hi:.3f}] | {prompt_mean_ratio(sigma2, n, n_avg):.3f} | "
+            f"[{lo:.3f}, {hi:.3f}] | {prompt_mean_ratio(sigma2, n, n_avg):.3f} "
+            f"[{p_lo:.3f}, {p_hi:.3f}] | "
             f"{token_mean_ratio(sigma2, n, n_avg):.3f} | {s.mean_cos2(m['g_ref']):.3f} | "
             f"{s.relative_bias2(m['g_ref'], m['ref_noise']):+.3f} |"
         )
@@ -598,6 +631,12 @@ def main() -> None:
     parser.add_argument("--reference", type=int, default=4, help="batches of the reference")
     parser.add_argument("--reference_n", type=int, default=64, help="their rollouts per prompt")
     parser.add_argument("--loss_method", default="grpo", help="configs/tiny.py method of the loss")
+    parser.add_argument(
+        "--loss_agg_mode",
+        default="",
+        choices=("", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"),
+        help="the loss's aggregation (default: the loss method's own)",
+    )
     parser.add_argument("--policy_seed", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the measurement")
     parser.add_argument("--bootstrap", type=int, default=2000)
@@ -628,7 +667,9 @@ def main() -> None:
         for task in args.tasks.split(","):
             task_index = tiny.TASKS.index(task)
             policies = [policy_params(task, s, stages, args.policy_seed, workdir) for s in stages]
-            cfg = tiny_config(task, args.loss_method, args.policy_seed)
+            cfg = with_loss_agg_mode(
+                tiny_config(task, args.loss_method, args.policy_seed), args.loss_agg_mode
+            )
             pipe = Pipeline(cfg, policies[0], str(workdir))
             try:
                 for stage, params in zip(stages, policies):
@@ -643,7 +684,8 @@ def main() -> None:
         f"\n## Gradient variance at equal budget ({revision}; {args.draws} draws per allocation, "
         f"sigma_i from {args.sigma_draws} single-prompt batches, history from {args.warmup} "
         f"rollouts per prompt, reference {args.reference} x {args.reference_n} per prompt, "
-        f"loss of configs/tiny.py:method={args.loss_method})\n"
+        f"loss of configs/tiny.py:method={args.loss_method}, "
+        f"loss_agg_mode {args.loss_agg_mode or 'of the method'})\n"
     )
     for m in measured:
         print("\n".join(variance_table(m, args.bootstrap, rng)) + "\n")

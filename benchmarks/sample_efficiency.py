@@ -26,6 +26,12 @@ directory): the regime of the papers, which fine-tune pretrained models that alr
 part of each prompt, where a random start has p ≈ 1/32 on every prompt. The output names the
 commit it ran at and whether the tree had uncommitted changes, so a table copied from it can
 cite its code.
+
+A method may name its loss aggregation after an `@`: `dynamo@prompt-mean` is the dynamo method
+with `loss.loss_agg_mode = "prompt-mean"` (docs/estimators.md); the ratios stay to `grpo`, the
+method's own aggregation (token-mean):
+
+    python benchmarks/sample_efficiency.py --methods grpo,grpo@prompt-mean,dynamo@prompt-mean
 """
 
 from __future__ import annotations
@@ -119,7 +125,10 @@ def run_one(
     from dynamo_jax.metrics import read_metrics
 
     t0 = time.perf_counter()
+    method, _, agg = method.partition("@")
     config = tiny.get_config(f"method={method},task={task}")
+    if agg:
+        config.loss.loss_agg_mode = agg
     config.init.checkpoint = init
     config.train.seed = seed
     config.train.steps = steps
@@ -189,10 +198,11 @@ def main() -> None:
     methods = [m for m in args.methods.split(",") if m]
     if "grpo" not in methods:
         parser.error("--methods must include grpo (the ratios are to GRPO)")
-    runs = [(m, s) for m in methods for s in range(args.seeds)]
+    # Seed-major, so a run stopped early has every method's first seeds.
+    runs = [(m, s) for s in range(args.seeds) for m in methods]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
         known = pool.submit(tiny_methods).result()
-        unknown = [m for m in methods if m not in known]
+        unknown = [m for m in methods if m.partition("@")[0] not in known]
         if unknown:
             parser.error(f"--methods: {unknown} not in configs/tiny.py's METHODS {known}")
         init = ""
@@ -209,7 +219,7 @@ def main() -> None:
             res = results[method, seed] = future.result()
             hits = [steps_to_target(res["rewards"], t) for t in targets]
             print(
-                f"{method:21s} seed {seed}: steps to {targets} = {hits}, final 10-step reward "
+                f"{method:33s} seed {seed}: steps to {targets} = {hits}, final 10-step reward "
                 f"{np.mean(res['rewards'][-10:]):.3f}, {np.mean(res['generated']):.0f} rollouts "
                 f"generated per step ({res['seconds']:.0f} s)",
                 flush=True,
@@ -231,7 +241,7 @@ def main() -> None:
         "misses:"
     )
     print(
-        f"  {'method':21s}" + "".join(f"   to {t:<17}" for t in targets) + "  final  rollouts/step"
+        f"  {'method':33s}" + "".join(f"   to {t:<17}" for t in targets) + "  final  rollouts/step"
     )
     for method in methods:
         cells = []
@@ -243,7 +253,7 @@ def main() -> None:
         # Dynamic sampling generates more than the budget per step: steps to a target are then
         # not samples to it.
         per_step = np.median([np.mean(results[method, s]["generated"]) for s in range(args.seeds)])
-        print(f"  {method:21s}   " + "".join(cells) + f"{final:.3f}  {per_step:.0f}")
+        print(f"  {method:33s}   " + "".join(cells) + f"{final:.3f}  {per_step:.0f}")
 
 
 if __name__ == "__main__":

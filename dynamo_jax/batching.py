@@ -143,11 +143,34 @@ def group_stats(
     return out
 
 
+def prompt_weights(
+    prompt_id_B: np.ndarray, valid_B: np.ndarray, loss_mask_BxL: np.ndarray
+) -> np.ndarray:
+    """float32 [B]: prompt-mean's weight 1/n_i of each row, n_i the number of rows of its prompt id
+    in the WHOLE step's batch that have a trained token (0 for the other rows).
+
+    Taken from the step's batch, never from a mini-batch, so every split of it (mini-batches,
+    micro-batches, rows, devices, processes: each process holds the whole batch) sees the same
+    weights; the loss renormalises them over the mini-batch it trains on (docs/estimators.md).
+    """
+    trained = np.asarray(valid_B, bool) & (np.asarray(loss_mask_BxL) > 0).any(axis=1)
+    ids = np.asarray(prompt_id_B)
+    out = np.zeros(len(ids), np.float32)
+    if trained.any():
+        uniq, inverse = np.unique(ids[trained], return_inverse=True)
+        count = np.bincount(inverse, minlength=len(uniq))
+        out[trained] = 1.0 / count[inverse]
+    return out
+
+
 # Row fields that are not a RolloutBatch array laid out token by token.
 _DERIVED_FIELDS = {
     "positions": lambda plan, batch, seqs: plan.positions(),
     "segment_ids": lambda plan, batch, seqs: plan.segment_ids(),
     "advantages": lambda plan, batch, seqs: plan.broadcast(batch.advantages[seqs], 0.0),
+    "seq_weight": lambda plan, batch, seqs: plan.broadcast(
+        prompt_weights(batch.prompt_id, batch.valid, batch.loss_mask)[seqs], 0.0
+    ),
     "sequence_index": lambda plan, batch, seqs: plan.broadcast(
         np.arange(len(seqs), dtype=np.int32)
     ),

@@ -90,7 +90,7 @@ def _clipped(a, r, cfg):
     return loss
 
 
-def _aggregate(per_token, mask, cfg):
+def _aggregate(per_token, mask, cfg, groups=None):
     B, L = mask.shape
     n_tok = int(mask.sum())
     seqs = [b for b in range(B) if mask[b].any()]
@@ -101,8 +101,30 @@ def _aggregate(per_token, mask, cfg):
     if cfg.loss_agg_mode == "seq-mean-token-mean":
         means = [np.mean([per_token[b, t] for t in range(L) if mask[b, t]]) for b in seqs]
         return sum(means) / max(len(seqs), 1)
+    if cfg.loss_agg_mode == "prompt-mean":
+        return _prompt_mean(per_token, mask, seqs, groups)
     sums = [sum(per_token[b, t] for t in range(L) if mask[b, t]) for b in seqs]
     return sum(sums) / (max(len(seqs), 1) * cfg.max_len_norm)
+
+
+def _prompt_mean(per_token, mask, seqs, groups):
+    """(1/N) Σ_i (1/n_i) Σ_j mean_t ℓ_ijt over the prompt groups of the batch's sequences.
+
+    `groups` = (prompt id per row, or None, step-level group size per row, or None). With
+    group sizes given (a mini-batch holding part of the step's groups), each sequence weighs
+    1/n_i of its step group, renormalised over the mini-batch's sequences."""
+    ids, sizes = groups
+    L = mask.shape[1]
+    seq_mean = {b: np.mean([per_token[b, t] for t in range(L) if mask[b, t]]) for b in seqs}
+    if sizes is None:
+        members = {}
+        for b in seqs:
+            members.setdefault(int(ids[b]), []).append(b)
+        means = [np.mean([seq_mean[b] for b in bs]) for bs in members.values()]
+        return sum(means) / max(len(means), 1)
+    w = {b: 1.0 / sizes[b] for b in seqs}
+    total = sum(w.values())
+    return sum(w[b] * seq_mean[b] for b in seqs) / total if total > 0 else 0.0
 
 
 def _covariance(logp, adv, mask):
@@ -154,13 +176,14 @@ def policy_loss(inp: dict, cfg):
         noise = np.asarray(inp["noise"], np.float64)  # ties at the cut: smallest noise first
         for b, t in sorted(valid, key=lambda bt: (-cov[bt], noise[bt]))[:k_num]:
             per_tok[b, t] += cfg.kl_cov_coef * abs(log_r[b, t])
-    loss = _aggregate(per_tok, mask, cfg)
+    groups = (inp.get("group"), inp.get("group_size"))
+    loss = _aggregate(per_tok, mask, cfg, groups)
     if cfg.baseline == "entropy_loss":
-        loss -= cfg.entropy_coef * _aggregate(ent, mask, cfg)
+        loss -= cfg.entropy_coef * _aggregate(ent, mask, cfg, groups)
     if cfg.kl != "none":
         k1 = logp - np.asarray(inp["ref_logp"], np.float64)
         kl = k1 if cfg.kl == "k1" else np.exp(-k1) + k1 - 1
-        loss += cfg.kl_coef * _aggregate(kl, mask, cfg)
+        loss += cfg.kl_coef * _aggregate(kl, mask, cfg, groups)
     return loss, ahat
 
 
@@ -183,5 +206,16 @@ def random_token_inputs(rng, B=6, L=9, *, ratio_noise=0.3, with_k=True):
         "k": rng.normal(0.0, 0.2, size=(B, L)) if with_k else None,
         "ref_logp": logp + rng.normal(0.0, 0.2, size=(B, L)),
         "noise": rng.uniform(0.0, 1.0, size=(B, L)),
+        "group": groups,  # prompt id per row (prompt-mean); no draw, so the stream is unchanged
     }
+    inp["seq_weight"] = seq_weights(groups, mask, L)
     return inp
+
+
+def seq_weights(groups, mask, width):
+    """[B, width]: 1/n_i on every slot of row b, n_i the rows of b's prompt id that have a
+    valid token (0 for rows without one): the JAX loss's `seq_weight` input for prompt-mean."""
+    has = np.asarray(mask, bool).any(axis=1)
+    n = {g: sum(1 for b in range(len(groups)) if has[b] and groups[b] == g) for g in set(groups)}
+    w = np.array([1.0 / n[g] if has[b] else 0.0 for b, g in enumerate(groups)])
+    return np.repeat(w[:, None], width, axis=1)

@@ -78,6 +78,32 @@ def test_appendix_c_and_the_two_models_of_an_allocation():
     )
 
 
+def test_predicted_ratio_interval_brackets_the_prediction_and_is_the_resampled_sigmas():
+    """Appendix C's predicted ratio recomputed on per-prompt bootstrap resamples of sigma_i's
+    draws: with one prompt's sigma the ratio is n_avg / n_i whatever the resample, and on
+    random draws the interval holds the point prediction."""
+    rng = np.random.default_rng(2)
+    one = rng.normal(size=(10, 4))
+    m = {"n_avg": 8, "sigma_grams": [one @ one.T]}
+    lo, hi = gv.predicted_ratio_interval(m, np.asarray([4]), 50, np.random.default_rng(0))
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    draws = [rng.normal(size=(40, 6)) * s for s in (0.5, 1.0, 3.0)]
+    m = {"n_avg": 8, "sigma_grams": [g @ g.T for g in draws]}
+    sigma2 = np.asarray([8 * gv.total_variance(g) for g in m["sigma_grams"]])
+    n = np.asarray([4, 8, 12])
+    point = gv.prompt_mean_ratio(sigma2, n, 8)
+    lo, hi = gv.predicted_ratio_interval(m, n, 400, np.random.default_rng(1))
+    assert lo < point < hi and hi - lo > 1e-3
+
+
+def test_loss_agg_mode_override():
+    cfg = gv.tiny_config("max", "grpo", 0)
+    assert gv.with_loss_agg_mode(cfg, "") is cfg
+    assert gv.with_loss_agg_mode(cfg, "prompt-mean").loss.loss_agg_mode == "prompt-mean"
+    norm = gv.with_loss_agg_mode(cfg, "seq-mean-token-sum-norm").loss
+    assert norm.max_len_norm == cfg.rollout.max_new_tokens
+
+
 def test_draw_stats_cosine_and_bias_hand_worked():
     # Draws (1,0), (0,1) against g_ref (1,0): cos^2 = 1 and 0, mean 1/2. Mean (1/2, 1/2),
     # ||mean - g_ref||^2 = 1/4 + 1/4 = 1/2; variance (1/2 + 1/2) / 1 = 1, over D = 2 is 1/2;

@@ -24,7 +24,7 @@ from dynamo_jax.losses import (
     token_logprobs_entropy,
 )
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
 RTOL = 1e-5
 
 
@@ -33,6 +33,7 @@ def to_batch(inp) -> TokenBatch:
     return TokenBatch(
         logp=f("logp"), old_logp=f("old_logp"), ent=f("ent"), adv=f("adv"),
         mask=jnp.asarray(inp["mask"]), k=f("k"), ref_logp=f("ref_logp"), noise=f("noise"),
+        seq_weight=f("seq_weight"),
     )  # fmt: skip
 
 
@@ -80,6 +81,8 @@ def test_every_baseline_and_mode_matches_reference(inputs, baseline, agg):
         dict(alpha=0.3, comp_alpha=0.2, stab_alpha=0.4, tau=0.99, dual_clip=None),
         dict(kl="k3", kl_coef=0.05),
         dict(kl="k1", kl_coef=0.05, loss_agg_mode="seq-mean-token-mean"),
+        dict(loss_agg_mode="prompt-mean", enable_gc=False),
+        dict(loss_agg_mode="prompt-mean", stats_scope="micro_batch", kl="k3", kl_coef=0.05),
     ],
     ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
 )
@@ -130,7 +133,8 @@ def _loss_and_grads(cfg, batch, stats):
 @pytest.mark.parametrize(
     "baseline,agg",
     [("dynamo", "token-mean"), ("dynamo", "seq-mean-token-mean"), ("entropy_loss", "token-mean"),
-     ("clip_cov", "token-mean"), ("kl_cov", "seq-mean-token-sum-norm")],
+     ("clip_cov", "token-mean"), ("kl_cov", "seq-mean-token-sum-norm"),
+     ("dynamo", "prompt-mean"), ("entropy_loss", "prompt-mean")],
 )  # fmt: skip
 def test_micro_batching_does_not_change_loss_or_gradient(inputs, baseline, agg):
     cfg = cfg_for(baseline, agg)
@@ -167,9 +171,10 @@ def test_micro_batch_stats_scope_differs_from_global(inputs):
 MESHES = [((8,), ("data",)), ((2, 4), ("data", "fsdp")), ((4, 2), ("fsdp", "data"))]
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "prompt-mean"])
 @pytest.mark.parametrize("shape,names", MESHES)
-def test_loss_adv_and_grad_same_on_one_and_eight_devices(inputs, shape, names):
-    cfg = cfg_for("dynamo")
+def test_loss_adv_and_grad_same_on_one_and_eight_devices(inputs, shape, names, agg):
+    cfg = cfg_for("dynamo", agg)
     inp = ref.random_token_inputs(np.random.default_rng(1), B=16, L=8)
     batch = to_batch(inp)
 
@@ -288,6 +293,8 @@ def _layouts(seed=21, S=10, L=9, prompt_max=3):
     lengths = p + resp["mask"].sum(1)
     inp = {}
     for key, value in resp.items():
+        if key == "group":  # one prompt id per sequence, not per token
+            continue
         arr = rng.normal(size=(S, W))  # junk on untrained slots: must never be read
         for s in range(S):
             arr[s, p[s] : p[s] + L] = value[s]
@@ -296,11 +303,14 @@ def _layouts(seed=21, S=10, L=9, prompt_max=3):
     for s in range(S):
         inp["mask"][s, p[s] : lengths[s]] = True
     inp["adv"] = np.repeat(resp["adv"][:, :1], W, axis=1)  # one advantage per sequence
+    inp["group"] = resp["group"]
     padded = to_batch(inp)._replace(
         segment_ids=jnp.asarray(np.arange(W)[None] < lengths[:, None], jnp.int32)
     )
     plan = RowLayout(row_len=W, packing=True, micro_rows=S, max_sequences=S).plan(lengths)
-    packed_inp = {k: plan.scatter(v, fill=0.0) for k, v in inp.items() if k != "mask"}
+    packed_inp = {
+        k: plan.scatter(v, fill=0.0) for k, v in inp.items() if k not in ("mask", "group")
+    }
     packed_inp["mask"] = plan.scatter(inp["mask"], fill=False)
     packed = to_batch(packed_inp)._replace(segment_ids=jnp.asarray(plan.segment_ids()))
     return inp, padded, packed, plan
@@ -347,3 +357,54 @@ def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
     width = inp["mask"].shape[1]
     for got, want in ((p_lp, g_lp), (p_ent, g_ent)):
         assert_close(plan.gather(np.asarray(got), width), np.asarray(want) * inp["mask"], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- prompt-mean
+
+
+@pytest.mark.parametrize("baseline", ["grpo", "dynamo", "entropy_loss"])
+def test_prompt_mean_equals_seq_mean_token_mean_with_equal_group_sizes(baseline):
+    """Every prompt with the same n: each group's 1/(N n) is 1/(number of sequences)."""
+    inp = ref.random_token_inputs(np.random.default_rng(5), B=9, L=8)
+    inp["mask"][1, 0] = True  # no empty row: every group then has 3 sequences
+    inp["group"] = np.repeat(np.arange(3), 3)
+    inp["seq_weight"] = ref.seq_weights(inp["group"], inp["mask"], 8)
+    pm, _ = full_loss(to_batch(inp), cfg_for(baseline, "prompt-mean"))
+    sm, _ = full_loss(to_batch(inp), cfg_for(baseline, "seq-mean-token-mean"))
+    assert_close(pm, float(sm))
+    # ... and unequal sizes really do weigh differently (the equality above is not vacuous).
+    inp["group"] = np.array([0, 0, 0, 0, 0, 0, 0, 1, 2])
+    inp["seq_weight"] = ref.seq_weights(inp["group"], inp["mask"], 8)
+    pm2, _ = full_loss(to_batch(inp), cfg_for(baseline, "prompt-mean"))
+    assert_close(pm2, ref.policy_loss(inp, cfg_for(baseline, "prompt-mean"))[0])
+    assert abs(float(pm2) - float(sm)) > 1e-4
+
+
+def test_prompt_mean_minibatch_holding_part_of_groups(inputs):
+    """A PPO mini-batch of some of the step's sequences: each keeps its step weight 1/n_i
+    (n_i counted in the whole step's batch), renormalised over the mini-batch, so the weights
+    sum to 1 (a constant per-token loss aggregates to exactly that constant); the value is the
+    float64 reference's with the step-level group sizes."""
+    cfg = cfg_for("grpo", "prompt-mean")
+    rows = np.array([0, 2, 3, 5, 6])  # cuts groups of the 8-row step batch
+    sub = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+    sub["group_size"] = 1.0 / inputs["seq_weight"][rows, 0]  # the step's n_i (no empty row)
+    step_n = {g: (inputs["group"] == g).sum() for g in set(inputs["group"].tolist())}
+    sub_n = {g: (sub["group"] == g).sum() for g in set(sub["group"].tolist())}
+    assert any(sub_n[g] < step_n[g] for g in sub_n)  # the mini-batch cuts a group
+    assert any(sub_n[g] > 1 for g in sub_n)  # and holds two sequences of one
+    loss, _ = full_loss(to_batch(sub), cfg)
+    assert_close(loss, ref.policy_loss(sub, cfg)[0])
+    batch = to_batch(sub)
+    stats = minibatch_stats(batch, cfg)
+    from dynamo_jax.losses.policy import aggregate
+
+    mask = jnp.asarray(sub["mask"], bool)
+    ones = aggregate(jnp.full(mask.shape, 3.0), mask, stats, cfg, None, batch.seq_weight)
+    assert_close(ones, 3.0)
+
+
+def test_prompt_mean_without_weights_is_an_error(inputs):
+    batch = to_batch(inputs)._replace(seq_weight=None)
+    with pytest.raises(ValueError, match="prompt-mean' needs TokenBatch.seq_weight"):
+        full_loss(batch, cfg_for("grpo", "prompt-mean"))

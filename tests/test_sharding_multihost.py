@@ -126,7 +126,7 @@ def test_host_copies_to_global_arrays_and_back():
 MH_BATCH, MH_LEN, MH_STEPS = 8, 12, 2
 
 
-def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> None:
+def _worker(out_path: str, num_processes: int, process_id: int, port: int, agg: str) -> None:
     """One process of the comparison: 2 optimizer steps of tiny-qwen2 on a (1, 2, 2) mesh.
 
     With two processes the `fsdp` axis spans them (devices are ordered process-major), so every
@@ -138,7 +138,7 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> No
     mesh = build_mesh(MeshConfig(shape=(1, 2, 2)))
     opt = optax.adamw(1e-2)
     step, state_sh, batch_sh = make_train_step(
-        cfg, LossConfig(), opt, mesh, DEFAULT_RULES, batch_size=MH_BATCH
+        cfg, LossConfig(loss_agg_mode=agg), opt, mesh, DEFAULT_RULES, batch_size=MH_BATCH
     )
     state = init_train_state(cfg, opt, mesh, DEFAULT_RULES, jax.random.key(0))
     losses = []
@@ -155,7 +155,12 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int) -> No
             advantages=rng.normal(size=MH_BATCH).astype(np.float32),
             old_logp=np.full((MH_BATCH, MH_LEN), -6.2, np.float32),
             temperature=np.float32(1.0),
+            # prompt-mean's 1/n_i: prompt groups of sizes 3, 1, 4, one split over the processes
+            seq_weight=np.repeat(
+                np.array([1 / 3] * 3 + [1.0] + [1 / 4] * 4, np.float32)[:, None], MH_LEN, axis=1
+            ),  # fmt: skip
         )
+        full = {k: v for k, v in full.items() if k in batch_sh}
         rows = local_batch_rows(batch_sh["tokens"], MH_BATCH)
         local = {k: (v if k == "temperature" else v[rows]) for k, v in full.items()}
         batch = make_global_batch(local, batch_sh, MH_BATCH)
@@ -179,22 +184,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(out_path, num_processes, process_id, port, devices):
+def _spawn(out_path, num_processes, process_id, port, devices, agg):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     cmd = [sys.executable, __file__, str(out_path), str(num_processes), str(process_id), str(port)]
+    cmd.append(agg)
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
 @pytest.mark.slow  # two JAX processes against one: a minute of CPU
-def test_two_processes_match_one_process_with_four_devices(tmp_path):
+@pytest.mark.parametrize("agg", ["token-mean", "prompt-mean"])
+def test_two_processes_match_one_process_with_four_devices(tmp_path, agg):
     port = _free_port()
     procs = [
-        _spawn(tmp_path / "multi.npz", 2, 0, port, devices=2),
-        _spawn(tmp_path / "multi_p1.npz", 2, 1, port, devices=2),
-        _spawn(tmp_path / "single.npz", 1, 0, 0, devices=4),
+        _spawn(tmp_path / "multi.npz", 2, 0, port, devices=2, agg=agg),
+        _spawn(tmp_path / "multi_p1.npz", 2, 1, port, devices=2, agg=agg),
+        _spawn(tmp_path / "single.npz", 1, 0, 0, devices=4, agg=agg),
     ]
     communicate_all(procs, ("process 0", "process 1", "single"), timeout=600)
     multi, single = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
@@ -209,4 +216,4 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -407,6 +407,9 @@ PACKING_CASES = [
     ("dynamo-seq-mean", (2, 2, 2),
      LossConfig(entropy_change="sequence_mean", loss_agg_mode="seq-mean-token-mean")),
     ("clip_cov", (2, 2, 2), CLIP_COV),
+    # prompt ids 0..3 in groups of 4, row 5 empty: group 1 has n = 3, the others 4
+    ("dynamo-prompt-mean", (1, 1, 1), LossConfig(loss_agg_mode="prompt-mean")),
+    ("dynamo-prompt-mean", (2, 2, 2), LossConfig(loss_agg_mode="prompt-mean")),
 ]  # fmt: skip
 
 

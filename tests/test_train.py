@@ -364,6 +364,20 @@ def test_group_stats_by_prompt_id_not_position():
     np.testing.assert_array_equal(g["zero_variance"], [False, True])
 
 
+def test_prompt_weights_are_one_over_the_step_group_size():
+    """prompt-mean's 1/n_i, n_i counted over the whole step batch's rows of the prompt id that
+    have a trained token; padding rows and rows without one weigh 0."""
+    ids = np.array([4, 9, 4, 9, 9, 7, 9, -1])
+    valid = np.array([True] * 7 + [False])
+    mask = np.ones((8, 3), np.float32)
+    mask[6] = 0.0  # a row of prompt 9 with no trained token: not one of its n_i
+    w = batching.prompt_weights(ids, valid, mask)
+    np.testing.assert_allclose(w, [1 / 2, 1 / 3, 1 / 2, 1 / 3, 1 / 3, 1.0, 0.0, 0.0])
+    assert w.dtype == np.float32
+    # Groups weigh equally: each group's weights sum to 1, the step's to N = 3.
+    assert np.isclose(w.sum(), 3.0)
+
+
 def test_group_stats_entropy_is_the_token_weighted_mean_per_prompt():
     ids = np.array([4, 9, 4, 9, -1])
     valid = np.array([True, True, True, True, False])

@@ -200,3 +200,31 @@ def test_dynamic_sampling_trains_on_signal_and_records_every_group(tmp_path, mon
     first = records[0]
     assert first["reward/zero_var_groups"] > 0
     assert first["reward/prompts_with_signal"] == first["dynamic/groups_with_signal"]
+
+
+@pytest.mark.parametrize("case", ["dynamic_sampling", "staleness_one"])
+def test_prompt_mean_trains_with_dynamic_sampling_and_with_staleness(tmp_path, monkeypatch, case):
+    """loss_agg_mode prompt-mean through the whole loop, DynaMO's GC/UMS loss and allocation:
+    with dynamic sampling (the kept groups are the step's groups: their weights 1/n_i sum to
+    the kept group count) and with every batch one version late; every update is applied and
+    its loss is finite."""
+    from dynamo_jax import batching
+
+    batches = _capture_updates(monkeypatch)
+    config = _short_config(method="dynamo", steps=3, every=3)
+    config.loss.loss_agg_mode = "prompt-mean"
+    if case == "dynamic_sampling":
+        config.train.dynamic_sampling = True
+    else:
+        config.train.max_staleness = 1
+    summary = train.run(from_config_dict(config), tmp_path)
+    assert summary.skipped_updates == 0
+    records = read_metrics(tmp_path)
+    assert len(records) == 3
+    assert all(np.isfinite(r["loss/loss"]) for r in records)
+    for batch in batches.values():
+        w = batching.prompt_weights(batch.prompt_id, batch.valid, batch.loss_mask)
+        groups = np.unique(batch.prompt_id[w > 0])
+        np.testing.assert_allclose(w.sum(), len(groups), rtol=1e-6)
+        if case == "dynamic_sampling":
+            assert all(r["dynamic/trained_zero_var_groups"] == 0 for r in records)

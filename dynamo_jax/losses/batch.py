@@ -32,6 +32,9 @@ class TokenBatch(NamedTuple):
     noise: jax.Array | None = None  # U[0,1) per token: Clip-Cov's random pick (clip_cov only)
     # int [B, L]: the row's k-th sequence has id k >= 1, empty slots 0; None: a row is a sequence
     segment_ids: jax.Array | None = None
+    # f32 [B, L]: the sequence's weight in the step's estimator on each of its tokens (prompt-mean:
+    # 1/n_i, n_i its prompt group's size in the step's batch; `batching.prompt_weights`)
+    seq_weight: jax.Array | None = None
 
 
 class ModStats(NamedTuple):
@@ -44,6 +47,7 @@ class ModStats(NamedTuple):
 
     n_tokens: jax.Array  # valid tokens
     n_seqs: jax.Array  # sequences with at least one valid token
+    seq_weight_sum: jax.Array  # Σ seq_weight over those sequences (prompt-mean's normaliser)
     h_min: jax.Array
     h_max: jax.Array
     xi_max: jax.Array  # max Ξ_t (docs/algorithm.md#update-magnitude-stabilisation)
@@ -84,6 +88,16 @@ def count_sequences(mask_BxL, segment_ids_BxL) -> jax.Array:
     """float32 number of sequences (segments ≥ 1) with at least one valid token."""
     per_segment = segment_sums(as_mask(mask_BxL).astype(jnp.float32), segment_ids_BxL)
     return jnp.sum(per_segment[:, 1:] > 0).astype(jnp.float32)
+
+
+def segment_weights(mask_BxL, segment_ids_BxL, seq_weight_BxL) -> jax.Array:
+    """[B, L] → [B, L]: each sequence's weight (constant over its tokens) per (row, segment)
+    column 1..L of `segment_sums`' layout, 0 for segments without a valid token."""
+    m = as_mask(mask_BxL)
+    count = segment_sums(m.astype(jnp.float32), segment_ids_BxL)[:, 1:]
+    w_sum = segment_sums(jnp.where(m, jnp.asarray(seq_weight_BxL, jnp.float32), 0.0),
+                         segment_ids_BxL)[:, 1:]  # fmt: skip
+    return w_sum / jnp.maximum(count, 1.0)
 
 
 def masked_sum(x, mask):

@@ -12,7 +12,9 @@ import math
 
 from dynamo_jax.losses import registry
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# prompt-mean: each sequence's token mean, averaged within its prompt group, groups averaged with
+# equal weight (the estimator DynaMO's allocation is derived for; docs/estimators.md).
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean")
 ENTROPY_CHANGE_MODES = ("exact", "sequence_mean")
 STATS_SCOPES = ("global", "micro_batch")
 KL_ESTIMATORS = ("none", "k1", "k3")

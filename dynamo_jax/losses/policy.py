@@ -30,6 +30,7 @@ from dynamo_jax.losses.batch import (
     masked_min,
     masked_sum,
     segment_sums,
+    segment_weights,
     segments,
 )
 from dynamo_jax.losses.config import LossConfig
@@ -46,21 +47,33 @@ def clipped_surrogate(adv_hat, r, clip_low, clip_high, dual_clip):
     return loss
 
 
-def aggregate(loss_BxL, mask_BxL, stats: ModStats, cfg: LossConfig, segment_ids_BxL=None):
+def aggregate(
+    loss_BxL, mask_BxL, stats: ModStats, cfg: LossConfig, segment_ids_BxL=None, seq_weight_BxL=None
+):
     """This micro-batch's share of the mini-batch aggregate (`loss_agg_mode`).
 
     Sequences are the (row, segment) pairs of `segment_ids_BxL` (None: each row is one).
+    prompt-mean needs `seq_weight_BxL` (each sequence's 1/n_i on its tokens): it is
+    Σ_s w_s · mean_t ℓ_st / Σ_s w_s over the mini-batch's sequences (docs/estimators.md).
     """
     if cfg.loss_agg_mode == "token-mean":
         return masked_sum(loss_BxL, mask_BxL) / jnp.maximum(stats.n_tokens, 1.0)
-    if cfg.loss_agg_mode == "seq-mean-token-mean":
+    if cfg.loss_agg_mode in ("seq-mean-token-mean", "prompt-mean"):
         seg = (
             jnp.ones(jnp.shape(mask_BxL), jnp.int32) if segment_ids_BxL is None else segment_ids_BxL
         )
         seq_sum = segment_sums(jnp.where(mask_BxL, loss_BxL, 0.0), seg)[:, 1:]
         seq_count = segment_sums(jnp.asarray(mask_BxL, jnp.float32), seg)[:, 1:]
         seq_mean = seq_sum / jnp.maximum(seq_count, 1.0)
-        return jnp.sum(seq_mean) / jnp.maximum(stats.n_seqs, 1.0)
+        if cfg.loss_agg_mode == "seq-mean-token-mean":
+            return jnp.sum(seq_mean) / jnp.maximum(stats.n_seqs, 1.0)
+        if seq_weight_BxL is None:
+            raise ValueError(
+                "loss_agg_mode 'prompt-mean' needs TokenBatch.seq_weight (batch field seq_weight)"
+            )
+        w = segment_weights(mask_BxL, seg, seq_weight_BxL)
+        total = stats.seq_weight_sum
+        return jnp.sum(w * seq_mean) / jnp.where(total > 0, total, 1.0)
     # seq-mean-token-sum-norm (Dr.GRPO): token sums over a constant length, mean over sequences.
     return masked_sum(loss_BxL, mask_BxL) / (jnp.maximum(stats.n_seqs, 1.0) * cfg.max_len_norm)
 
@@ -112,7 +125,9 @@ def build_loss_fn(cfg: LossConfig) -> LossFn:
     def loss_fn(batch: TokenBatch, stats: ModStats):
         mask = as_mask(batch.mask)
         # The aggregation of this batch's layout (its sequences), with the records' signature.
-        agg = functools.partial(aggregate, segment_ids_BxL=segments(batch))
+        agg = functools.partial(
+            aggregate, segment_ids_BxL=segments(batch), seq_weight_BxL=batch.seq_weight
+        )
         lr = log_ratio(batch.logp, batch.old_logp, mask)
         r = jnp.exp(lr)
         adv_hat, b_comp, b_stab = advantage(batch, stats, cfg)

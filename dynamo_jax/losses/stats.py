@@ -12,7 +12,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from dynamo_jax.losses import registry
-from dynamo_jax.losses.batch import ModStats, TokenBatch, as_mask, count_sequences, segments
+from dynamo_jax.losses.batch import (
+    ModStats,
+    TokenBatch,
+    as_mask,
+    count_sequences,
+    segment_weights,
+    segments,
+)
 from dynamo_jax.losses.config import LossConfig
 
 
@@ -21,14 +28,20 @@ def _frozen(batch: TokenBatch) -> TokenBatch:
 
 
 def minibatch_stats(batch: TokenBatch, cfg: LossConfig) -> ModStats:
-    """Token/sequence counts, then the variant's own statistics (H range and max Ξ for DynaMO,
+    """Token/sequence counts (and the sum of the sequences' weights), then the variant's own statistics (H range and max Ξ for DynaMO,
     a threshold and covariance means for the baselines), over `batch`."""
     batch = _frozen(batch)
     mask = as_mask(batch.mask)
     n_tokens = jnp.sum(mask).astype(jnp.float32)
     n_seqs = count_sequences(mask, segments(batch))
     zero = jnp.float32(0.0)
-    names = ModStats._fields[2:]  # after n_tokens, n_seqs: the variant-specific statistics
+    # prompt-mean's normaliser: the mini-batch's sequences' weights (1 each when none are given,
+    # so it is then n_seqs)
+    if batch.seq_weight is None:
+        seq_weight_sum = n_seqs
+    else:
+        seq_weight_sum = jnp.sum(segment_weights(mask, segments(batch), batch.seq_weight))
+    names = ModStats._fields[3:]  # after the counts: the variant-specific statistics
     fields = dict.fromkeys(names, zero)
     variant = registry.get(cfg.baseline)
     if variant.statistics is not None:
@@ -40,5 +53,6 @@ def minibatch_stats(batch: TokenBatch, cfg: LossConfig) -> ModStats:
     return ModStats(
         n_tokens=n_tokens,
         n_seqs=n_seqs,
+        seq_weight_sum=jnp.asarray(seq_weight_sum, jnp.float32),
         **{k: jnp.asarray(v, jnp.float32) for k, v in fields.items()},
     )

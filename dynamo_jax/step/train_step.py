@@ -93,7 +93,7 @@ def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
     """The batch fields the step reads for this loss (forward.py documents each).
 
     `ref_logp` is needed when the loss has a KL penalty, `sequence_index` when the variant draws
-    per-token noise; a variant may ask for more.
+    per-token noise, `seq_weight` under loss_agg_mode "prompt-mean"; a variant may ask for more.
     """
     variant = registry.get(loss_cfg.baseline)
     fields = TRAIN_FIELDS + variant.batch_fields
@@ -101,6 +101,8 @@ def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
         fields += ("ref_logp",)
     if variant.needs_noise:
         fields += ("sequence_index",)
+    if loss_cfg.loss_agg_mode == "prompt-mean":
+        fields += ("seq_weight",)
     return fields
 
 
@@ -127,6 +129,7 @@ def _token_batch(rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | 
         ref_logp=rows.get("ref_logp"),
         noise=rows.get("noise"),
         segment_ids=rows["segment_ids"],
+        seq_weight=rows.get("seq_weight"),
     )
 
 
