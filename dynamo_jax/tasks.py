@@ -118,7 +118,13 @@ def _rows(cfg: RunConfig, paths: tuple[str, ...]) -> list:
     if cfg.data.task == "synthetic":
         return data.make_synthetic_dataset(cfg.data.synthetic_config())
     d = cfg.data
-    return data.load_files(paths, fmt=d.format, on_bad_row=d.on_bad_row, id_field=d.id_field)[0]
+    return data.load_files(
+        paths,
+        fmt=d.format,
+        on_bad_row=d.on_bad_row,
+        id_field=d.id_field,
+        max_line_bytes=d.max_line_bytes,
+    )[0]
 
 
 def eval_problems(cfg: RunConfig, tokenizer: Any, max_problems: int = 0) -> tuple[list, list]:
