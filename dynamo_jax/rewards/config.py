@@ -10,6 +10,7 @@ import dataclasses
 from typing import Literal
 
 StartMethod = Literal["forkserver", "spawn"]
+AnswerFormat = Literal["math", "number"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +21,9 @@ class RewardConfig:
     extracted, `wrong_reward` for everything else (wrong, unparseable, timed out, too long).
     """
 
+    # "math": math-verify equivalence (`\\boxed{2^{10}}` earns against 1024); "number": the
+    # final answer must be a number literal (`\\boxed{86 + 66}` earns 0), see rewards/number.py.
+    answer_format: AnswerFormat = "math"
     correct_reward: float = 1.0
     wrong_reward: float = 0.0
     no_answer_reward: float = 0.0
@@ -63,6 +67,10 @@ class RewardConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RewardConfig.{name} must be an int >= 1, got {value!r}")
+        if self.answer_format not in ("math", "number"):
+            raise ValueError(
+                f"RewardConfig.answer_format must be 'math' or 'number', got {self.answer_format!r}"
+            )
         if self.start_method not in ("forkserver", "spawn"):
             raise ValueError(
                 "RewardConfig.start_method must be 'forkserver' or 'spawn' (fork is unsafe once "
