@@ -279,8 +279,10 @@ def _score_number(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     if early is not None:
         return early
     if boxes:
-        values = [number.number_value(b) for b in boxes]
         answer = boxes[-1]
+        if not answer:
+            return make_verdict("no_answer", cfg, answer="", detail="empty \\boxed{}")
+        values = [number.number_value(b) for b in boxes]
         if any(v != values[-1] for v in values):
             return make_verdict(
                 "wrong", cfg, answer=answer, detail="several boxed answers with different values"

@@ -127,9 +127,6 @@ def is_single_value(gold: str) -> bool:
 
 def answer_reason(answer: str, gold: str) -> str | None:
     """Why an extracted final answer (a box's content) earns nothing, or None."""
-    for name in _MACRO.findall(answer):
-        if name not in _KNOWN_MACROS:
-            return f"unknown TeX macro \\{name} in the final answer"
     if _DISJUNCTION.search(_text_words(answer)):
         return "several final answers (a disjunction)"
     if "\\mid" in answer and "\\{" not in answer and "\\lbrace" not in answer:
@@ -139,6 +136,9 @@ def answer_reason(answer: str, gold: str) -> str | None:
             return "several final answers where the gold is one value"
         if len(top_level_parts(answer)) > 1:
             return "a list of answers where the gold is one value"
+    for name in _MACRO.findall(answer):
+        if name not in _KNOWN_MACROS:
+            return f"unknown TeX macro \\{name} in the final answer"
     return None
 
 
