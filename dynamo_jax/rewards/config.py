@@ -6,7 +6,9 @@ exhausting memory is an explicit, validated field here rather than a constant in
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import os
 from typing import Literal
 
 StartMethod = Literal["forkserver", "spawn"]
@@ -24,6 +26,9 @@ class RewardConfig:
     # "math": math-verify equivalence (`\\boxed{2^{10}}` earns against 1024); "number": the
     # final answer must be a number literal (`\\boxed{86 + 66}` earns 0), see rewards/number.py.
     answer_format: AnswerFormat = "math"
+    # "path/to/file.py:name": a user's reward function with verl's `custom_reward_function`
+    # signature, run in the worker pool instead of math-verify (see rewards/user.py). "" = none.
+    function: str = ""
     correct_reward: float = 1.0
     wrong_reward: float = 0.0
     no_answer_reward: float = 0.0
@@ -71,6 +76,8 @@ class RewardConfig:
             raise ValueError(
                 f"RewardConfig.answer_format must be 'math' or 'number', got {self.answer_format!r}"
             )
+        if self.function:
+            check_function_spec(self.function)
         if self.start_method not in ("forkserver", "spawn"):
             raise ValueError(
                 "RewardConfig.start_method must be 'forkserver' or 'spawn' (fork is unsafe once "
@@ -80,3 +87,47 @@ class RewardConfig:
             raise ValueError(
                 f"RewardConfig.worker_memory_mb must be an int >= 0, got {self.worker_memory_mb!r}"
             )
+
+
+def split_function_spec(spec: str) -> tuple[str, str]:
+    """("path/to/file.py", "name") of a `reward.function` value, or ValueError saying why not."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name.isidentifier():
+        raise ValueError(
+            f"RewardConfig.function must be 'path/to/file.py:function_name', got {spec!r}"
+        )
+    return path, name
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def check_function_spec(spec: str) -> None:
+    """Refuse a `reward.function` whose file is missing, is not Python, or does not define the
+    name at top level: checked by reading the file, not running it (the workers import it, and
+    report a failure there as one line too)."""
+    path, name = split_function_spec(spec)
+    if not os.path.isfile(path):
+        what = "is not a file" if os.path.exists(path) else "no such file"
+        raise ValueError(f"RewardConfig.function {spec!r}: {path}: {what}")
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ValueError(
+            f"RewardConfig.function {spec!r}: {path}: cannot be read as Python "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    names = _defined_names(tree)
+    if name not in names and "*" not in names:
+        raise ValueError(f"RewardConfig.function {spec!r}: {path} defines no {name!r}")

@@ -48,7 +48,7 @@ from dynamo_jax.rewards.extract import box_spans, max_nesting_depth
 from dynamo_jax.rewards.verdict import Status, Verdict
 
 
-class _DeadlineExceeded(BaseException):
+class DeadlineExceeded(BaseException):
     """Raised by SIGPROF at the per-item deadline (BaseException: see module docstring)."""
 
 
@@ -179,9 +179,9 @@ def _parse_gold(gold: str) -> list:
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float):
+def time_limit(seconds: float):
     def on_alarm(signum, frame):
-        raise _DeadlineExceeded()
+        raise DeadlineExceeded()
 
     previous = signal.signal(signal.SIGPROF, on_alarm)
     signal.setitimer(signal.ITIMER_PROF, seconds)
@@ -341,9 +341,9 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
         return early
     _reset_state()
     try:
-        with _time_limit(cfg.timeout_s):
+        with time_limit(cfg.timeout_s):
             return _score_unbounded(text, gold, cfg)
-    except _DeadlineExceeded:
+    except DeadlineExceeded:
         return make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
     except (Exception, RecursionError, MemoryError) as exc:  # parser bugs on hostile input
         return make_verdict("parse_error", cfg, detail=f"{type(exc).__name__} while parsing")

@@ -1,4 +1,5 @@
-"""Entry point of a reward worker process: receive (index, text, gold), send (index, Verdict).
+"""Entry point of a reward worker process: receive (index, text, gold, source, extra_info), send
+(index, Verdict).
 
 Kept apart from the pool so that the forkserver can preload exactly this module (math-verify,
 SymPy and the ANTLR grammar) once, making a replacement worker a cheap fork.
@@ -11,9 +12,12 @@ from multiprocessing.connection import Connection
 
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.math_check import score_one
+from dynamo_jax.rewards.user import load_function, score_user
 
 # First message of every worker: it is warm and ready for items (their deadlines start later).
 READY = "ready"
+# Or, instead, (START_FAILED, one-line reason) when the user's reward function cannot be loaded.
+START_FAILED = "start_failed"
 
 
 def _cap_memory(limit_mb: int) -> None:
@@ -32,6 +36,13 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
     # Already warm when forked from the preloaded forkserver (then this takes milliseconds);
     # under spawn it keeps first-use costs out of the first items' time limits.
     warm_up(cfg)
+    function = None
+    if cfg.function:
+        try:
+            function = load_function(cfg.function)
+        except ValueError as exc:
+            conn.send((START_FAILED, str(exc)))
+            return
     conn.send(READY)
     while True:
         try:
@@ -40,8 +51,11 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
             return
         if message is None:
             return
-        index, text, gold = message
-        conn.send((index, score_one(text, gold, cfg)))
+        index, text, gold, source, extra_info = message
+        if function is None:
+            conn.send((index, score_one(text, gold, cfg)))
+        else:
+            conn.send((index, score_user(function, text, gold, source, extra_info, cfg)))
 
 
 # One example per answer shape: the first parse of each shape costs 0.2-0.7 s (SymPy's lazy
@@ -60,5 +74,7 @@ _WARM_UP_CASES = (
 def warm_up(cfg: RewardConfig | None = None) -> None:
     """Pay the parsers' first-use costs once (in the forkserver, so forked workers start warm)."""
     cfg = cfg or RewardConfig()
+    if cfg.function:  # math-verify is not used
+        return
     for text, gold in _WARM_UP_CASES:
         score_one(text, gold, cfg)
