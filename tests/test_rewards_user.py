@@ -116,7 +116,8 @@ MISBEHAVIOUR = [
 
 def test_a_misbehaving_user_function_never_stops_the_run(user_file, caplog):
     texts = [m[0] for m in MISBEHAVIOUR]
-    with RewardPool(_cfg(user_file, "misbehaves")) as pool:
+    # A wall cap well above the CPU limit: two workers share a loaded machine's cores.
+    with RewardPool(_cfg(user_file, "misbehaves", wall_timeout_s=10.0)) as pool:
         with caplog.at_level(logging.WARNING, logger="dynamo_jax.rewards.scorer"):
             verdicts = pool.score(texts, ["x"] * len(texts))
         for (kind, status, words), verdict in zip(MISBEHAVIOUR, verdicts):

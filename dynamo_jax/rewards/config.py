@@ -32,16 +32,20 @@ class RewardConfig:
     correct_reward: float = 1.0
     wrong_reward: float = 0.0
     no_answer_reward: float = 0.0
-    # CPU-time limit per completion. CPU time, not wall time, so that a verdict does not depend
-    # on how loaded the machine is (a wall-clock limit on a busy host turns honest answers into
-    # timeouts). The worker interrupts itself at this point (SIGPROF); C code that cannot be
-    # interrupted (a huge integer power) is killed by the parent once the worker has used
-    # `kill_grace_s` more CPU seconds, and the worker is replaced.
-    timeout_s: float = 5.0
+    # Work budget per completion, in Python function calls (parsing the gold and the answer and
+    # comparing them; see rewards/budget.py). An item past it is a "timeout" on every machine:
+    # the status is a function of the input alone. Honest answers make 10^3 to 3*10^5 calls.
+    max_work_calls: int = 2_000_000
+    # CPU-time limit per completion: only a safety net for work the budget does not count (a
+    # loop making no calls), far above the ~1-2 CPU s the whole budget takes. CPU time, not wall
+    # time, so that a loaded machine does not turn honest answers into timeouts. The worker
+    # interrupts itself at this point (SIGPROF); C code that cannot be interrupted is killed by
+    # the parent once the worker has used `kill_grace_s` more CPU seconds, and is replaced.
+    timeout_s: float = 20.0
     kill_grace_s: float = 1.0
     # Wall-clock cap per completion in the pool, whatever the CPU use: catches a worker that
     # is blocked or stopped rather than computing.
-    wall_timeout_s: float = 60.0
+    wall_timeout_s: float = 120.0
     # Completions longer than this are not parsed at all (status parse_error).
     max_chars: int = 100_000
     # The extracted final answer is bounded separately: math-verify parses it with an ANTLR
@@ -68,7 +72,13 @@ class RewardConfig:
                 f"RewardConfig.wall_timeout_s ({self.wall_timeout_s}) must be >= timeout_s + "
                 f"kill_grace_s ({self.timeout_s + self.kill_grace_s})"
             )
-        for name in ("max_chars", "max_answer_chars", "max_nesting", "num_workers"):
+        for name in (
+            "max_chars",
+            "max_answer_chars",
+            "max_nesting",
+            "num_workers",
+            "max_work_calls",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RewardConfig.{name} must be an int >= 1, got {value!r}")

@@ -42,7 +42,7 @@ from math_verify import parse, verify
 from math_verify import parser as _mv_parser
 from sympy.core.cache import clear_cache
 
-from dynamo_jax.rewards import number, screen
+from dynamo_jax.rewards import budget, number, screen
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.extract import box_spans, max_nesting_depth
 from dynamo_jax.rewards.verdict import Status, Verdict
@@ -340,10 +340,18 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     if early is not None:
         return early
     _reset_state()
+    verdict = None
     try:
-        with time_limit(cfg.timeout_s):
-            return _score_unbounded(text, gold, cfg)
-    except DeadlineExceeded:
-        return make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
+        with time_limit(cfg.timeout_s), budget.work_budget(cfg.max_work_calls):
+            verdict = _score_unbounded(text, gold, cfg)
+    except DeadlineExceeded:  # the safety net: work the budget does not count
+        verdict = make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
+    except budget.WorkBudgetExceeded:
+        pass
     except (Exception, RecursionError, MemoryError) as exc:  # parser bugs on hostile input
-        return make_verdict("parse_error", cfg, detail=f"{type(exc).__name__} while parsing")
+        verdict = make_verdict("parse_error", cfg, detail=f"{type(exc).__name__} while parsing")
+    if budget.exceeded():  # also when a library swallowed the exception and went on
+        return make_verdict(
+            "timeout", cfg, detail=f"exceeded the work budget ({cfg.max_work_calls} calls)"
+        )
+    return verdict

@@ -21,6 +21,7 @@ Usage:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 _PRELOAD_MODULE = "dynamo_jax.rewards.preload"
 
 
+_HASH_SEED = "0"
 # How often an item past its CPU limit in wall time, but not yet in CPU time, is re-checked.
 _POLL_S = 0.1
 # A worker must import and warm up the parsers within this (seconds; cold spawn ~2-5 s).
@@ -65,6 +67,21 @@ class _InFlight:
     index: int
     start_wall: float
     start_cpu: float | None
+
+
+@contextlib.contextmanager
+def _fixed_hash_seed():
+    """Start processes with PYTHONHASHSEED=0 (unless the user set one): SymPy's work on an item
+    can depend on set iteration order, and the work budget must count the same calls in every
+    run (rewards/budget.py). The forkserver reads the environment once, when it starts."""
+    if "PYTHONHASHSEED" in os.environ:
+        yield
+        return
+    os.environ["PYTHONHASHSEED"] = _HASH_SEED
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONHASHSEED", None)
 
 
 def _got_ready(worker: _Worker) -> bool:
@@ -147,7 +164,8 @@ class RewardPool:
         process = self._ctx.Process(
             target=worker_main, args=(child_conn, self.cfg), daemon=True, name="reward-worker"
         )
-        process.start()
+        with _fixed_hash_seed():
+            process.start()
         child_conn.close()
         return _Worker(process, parent_conn)
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import resource
 from multiprocessing.connection import Connection
 
+from dynamo_jax.rewards import isolate
 from dynamo_jax.rewards.config import RewardConfig
+from dynamo_jax.rewards.isolate import score_isolated
 from dynamo_jax.rewards.math_check import score_one
 from dynamo_jax.rewards.user import load_function, score_user
 
@@ -34,8 +36,9 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
     """Serve scoring requests until the pipe closes or a None message arrives."""
     _cap_memory(cfg.worker_memory_mb)
     # Already warm when forked from the preloaded forkserver (then this takes milliseconds);
-    # under spawn it keeps first-use costs out of the first items' time limits.
-    warm_up(cfg)
+    # under spawn it keeps first-use costs out of the first items' time limits. The default
+    # cases in both: every item is scored from this warm state (isolate.py).
+    warm_up()
     function = None
     if cfg.function:
         try:
@@ -53,7 +56,8 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
             return
         index, text, gold, source, extra_info = message
         if function is None:
-            conn.send((index, score_one(text, gold, cfg)))
+            scored = score_isolated if isolate.available() else score_one
+            conn.send((index, scored(text, gold, cfg)))
         else:
             conn.send((index, score_user(function, text, gold, source, extra_info, cfg)))
 
@@ -74,7 +78,5 @@ _WARM_UP_CASES = (
 def warm_up(cfg: RewardConfig | None = None) -> None:
     """Pay the parsers' first-use costs once (in the forkserver, so forked workers start warm)."""
     cfg = cfg or RewardConfig()
-    if cfg.function:  # math-verify is not used
-        return
     for text, gold in _WARM_UP_CASES:
         score_one(text, gold, cfg)
