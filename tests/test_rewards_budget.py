@@ -157,3 +157,11 @@ def test_pool_workers_run_with_a_fixed_hash_seed(tmp_path):
     if os.environ.get("PYTHONHASHSEED") not in (None, "0"):
         pytest.skip("the user fixed another hash seed for this process")
     assert got == float(want)
+
+
+def test_a_zero_budget_switches_counting_off():
+    cfg = dataclasses.replace(CFG, max_work_calls=0, timeout_s=1.0, wall_timeout_s=20.0)
+    assert score_one("\\boxed{\\frac{1}{2}}", "0.5", cfg).status == "correct"
+    assert "CPU" in score_one(NESTED[16], "42", cfg).detail  # the CPU limit decides, not work
+    with pytest.raises(ValueError, match="RewardConfig.max_work_calls"):
+        RewardConfig(max_work_calls=-1)

@@ -53,6 +53,11 @@ def _count_call(frame, event, arg):
     return None  # no line tracing inside the frame
 
 
+def reset() -> None:
+    """No budget for the next item (`RewardConfig.max_work_calls = 0`)."""
+    _Budget.left, _Budget.exceeded, _Budget.active = 0, False, False
+
+
 def exceeded() -> bool:
     """Whether the current (or last) budgeted item ran out of work, even if that was swallowed."""
     return _Budget.exceeded

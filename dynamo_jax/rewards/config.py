@@ -35,6 +35,8 @@ class RewardConfig:
     # Work budget per completion, in Python function calls (parsing the gold and the answer and
     # comparing them; see rewards/budget.py). An item past it is a "timeout" on every machine:
     # the status is a function of the input alone. Honest answers make 10^3 to 3*10^5 calls.
+    # Counting costs ~2-3x in scoring speed; 0 switches it off (then only timeout_s decides,
+    # and a status can depend on the machine's speed and load again).
     max_work_calls: int = 2_000_000
     # CPU-time limit per completion: only a safety net for work the budget does not count (a
     # loop making no calls), far above the ~1-2 CPU s the whole budget takes. CPU time, not wall
@@ -77,11 +79,14 @@ class RewardConfig:
             "max_answer_chars",
             "max_nesting",
             "num_workers",
-            "max_work_calls",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RewardConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.max_work_calls, int) or self.max_work_calls < 0:
+            raise ValueError(
+                f"RewardConfig.max_work_calls must be an int >= 0, got {self.max_work_calls!r}"
+            )
         if self.answer_format not in ("math", "number"):
             raise ValueError(
                 f"RewardConfig.answer_format must be 'math' or 'number', got {self.answer_format!r}"

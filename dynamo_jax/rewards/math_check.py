@@ -324,6 +324,12 @@ def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     return make_verdict("correct" if ok else "wrong", cfg, answer=answer)
 
 
+@contextlib.contextmanager
+def _no_budget():
+    budget.reset()
+    yield
+
+
 def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     """Score one completion in this process within `cfg.timeout_s` CPU seconds (main thread).
 
@@ -342,7 +348,8 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     _reset_state()
     verdict = None
     try:
-        with time_limit(cfg.timeout_s), budget.work_budget(cfg.max_work_calls):
+        counted = budget.work_budget(cfg.max_work_calls) if cfg.max_work_calls else _no_budget()
+        with time_limit(cfg.timeout_s), counted:
             verdict = _score_unbounded(text, gold, cfg)
     except DeadlineExceeded:  # the safety net: work the budget does not count
         verdict = make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")

@@ -72,6 +72,34 @@ _WARM_UP_CASES = (
     ("\\boxed{1, 3}", "$1$,$3$"),
     ("\\boxed{540^\\circ}", "10\\%"),
     ("The answer is 3/4.", "025"),
+    # Every item is scored from this warm state (isolate.py), so the parser's prediction cache
+    # never grows past what these build: the common answer shapes are parsed here once.
+    ("So the answer is \\boxed{-12}.", "-12"),
+    ("\\boxed{3.75}", "\\frac{15}{4}"),
+    ("\\boxed{\\dfrac{-3}{7}}", "-\\frac{3}{7}"),
+    ("\\boxed{2\\sqrt{3} - \\frac{\\pi}{6}}", "2\\sqrt{3}-\\frac{\\pi}{6}"),
+    (
+        "\\boxed{\\left( -\\frac{5}{11}, \\frac{12}{11} \\right)}",
+        "\\left(-\\frac{5}{11},\\frac{12}{11}\\right)",
+    ),
+    ("\\boxed{[-2, 5) \\cup (7, \\infty)}", "[-2,5)\\cup(7,\\infty)"),
+    ("\\boxed{\\{1, 2, 3\\}}", "\\{1,2,3\\}"),
+    ("\\boxed{y = 2x + 3}", "y=2x+3"),
+    ("\\boxed{15 \\cdot 2013!}", "15(2013!)"),
+    (
+        "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}",
+        "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}",
+    ),
+    ("\\boxed{5 \\text{ cm}^2}", "5"),
+    ("\\boxed{\\mathbf{2340}}", "\\mathbf{2340}"),
+    ("\\boxed{66_8}", "66_8"),
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}"),
+    ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}"),
+    ("\\boxed{3+4i}", "3+4i"),
+    ("\\boxed{\\log_2 8 + e^{2}}", "3+e^2"),
+    ("\\boxed{|x - 1| \\le 2}", "-1 \\le x \\le 3"),
+    ("The final answer is $\\frac{7}{2}$.", "3.5"),
+    ("Answer: 1,000", "1000"),
 )
 
 
