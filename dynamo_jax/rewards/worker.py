@@ -35,10 +35,11 @@ def _cap_memory(limit_mb: int) -> None:
 def worker_main(conn: Connection, cfg: RewardConfig) -> None:
     """Serve scoring requests until the pipe closes or a None message arrives."""
     _cap_memory(cfg.worker_memory_mb)
-    # Already warm when forked from the preloaded forkserver (then this takes milliseconds);
-    # under spawn it keeps first-use costs out of the first items' time limits. The default
-    # cases in both: every item is scored from this warm state (isolate.py).
-    warm_up()
+    # Already warm when forked from the preloaded forkserver; under spawn this keeps first-use
+    # costs out of the first items' time limits. One pass of the default cases in both: every
+    # item is scored from this warm state (isolate.py).
+    if not _warm:
+        warm_up()
     function = None
     if cfg.function:
         try:
@@ -103,8 +104,13 @@ _WARM_UP_CASES = (
 )
 
 
+_warm = False  # set once warm_up has run in this process (or in the forkserver it came from)
+
+
 def warm_up(cfg: RewardConfig | None = None) -> None:
     """Pay the parsers' first-use costs once (in the forkserver, so forked workers start warm)."""
     cfg = cfg or RewardConfig()
     for text, gold in _WARM_UP_CASES:
         score_one(text, gold, cfg)
+    global _warm
+    _warm = True
