@@ -41,7 +41,9 @@ OVERALL = "overall"
 
 
 class Scorer(Protocol):
-    def score(self, completions_text: Sequence[str], golds: Sequence[str]) -> list[Verdict]: ...
+    def score(
+        self, completions_text: Sequence[str], golds: Sequence[str], sources=None, extra_infos=None
+    ) -> list[Verdict]: ...
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -170,7 +172,9 @@ def evaluate(
         _check_grouping(completions, requests)
         texts = [decode(c.token_ids) for c in completions]
         golds = [row.gold for row, _ in chunk for _ in range(n_samples)]
-        verdicts = scorer.score(texts, golds)
+        sources = [row.source for row, _ in chunk for _ in range(n_samples)]
+        extra_infos = [{"prompt_id": row.prompt_id} for row, _ in chunk for _ in range(n_samples)]
+        verdicts = scorer.score(texts, golds, sources=sources, extra_infos=extra_infos)
         for j, (row, _) in enumerate(chunk):
             part = slice(j * n_samples, (j + 1) * n_samples)
             results.append(_problem_result(row, completions[part], verdicts[part]))

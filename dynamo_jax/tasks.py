@@ -41,10 +41,12 @@ class Task:
     make_iterator: Callable[[int, int], Any]  # (seed, batch size) → checkpointable EpochIterator
     eval_rows: list = dataclasses.field(default_factory=list)  # data.Row of the eval problems
     eval_prompt_tokens: list = dataclasses.field(default_factory=list)  # their prompt ids
+    sources: list[str] = dataclasses.field(default_factory=list)  # data_source per row
 
     def __post_init__(self):
         self.tokens_by_id = {int(i): t for i, t in zip(self.prompt_ids, self.prompt_tokens)}
         self._answer_by_id = {int(i): a for i, a in zip(self.prompt_ids, self.answers)}
+        self._source_by_id = {int(i): s for i, s in zip(self.prompt_ids, self.sources)}
         if len(self.tokens_by_id) != len(self.prompt_ids):
             raise ValueError("Task: prompt ids are not unique")
 
@@ -65,7 +67,10 @@ class Task:
         arrays, so processes that each scored a slice can all-gather them."""
         texts = [self.decode(c.token_ids) for c in completions]
         golds = [self._answer_by_id[int(c.prompt_id)] for c in completions]
-        verdicts = self.scorer.score(texts, golds)
+        # data_source and extra_info: what a user's reward.function receives (verl's signature).
+        sources = [self._source_by_id.get(int(c.prompt_id)) for c in completions]
+        extra_infos = [{"prompt_id": int(c.prompt_id)} for c in completions]
+        verdicts = self.scorer.score(texts, golds, sources=sources, extra_infos=extra_infos)
         rewards = np.asarray([v.reward for v in verdicts], np.float32)
         codes = np.asarray([STATUSES.index(v.status) for v in verdicts], np.int32)
         return rewards, codes
@@ -106,8 +111,9 @@ def task_tokenizer(cfg: RunConfig, fallback_dir: str = "") -> Any:
 
 
 def make_scorer(cfg: RunConfig) -> Any:
-    """The task's scorer, started: the exact checker (synthetic) or the math-verify pool."""
-    if cfg.data.task == "synthetic":
+    """The task's scorer, started: the exact checker (synthetic) or the math-verify pool; a
+    user's `reward.function` always runs in the pool, whatever the task."""
+    if cfg.data.task == "synthetic" and not cfg.reward.function:
         return data.SyntheticScorer(cfg.reward)
     pool = RewardPool(cfg.reward)
     pool.start()
@@ -118,7 +124,13 @@ def _rows(cfg: RunConfig, paths: tuple[str, ...]) -> list:
     if cfg.data.task == "synthetic":
         return data.make_synthetic_dataset(cfg.data.synthetic_config())
     d = cfg.data
-    return data.load_files(paths, fmt=d.format, on_bad_row=d.on_bad_row, id_field=d.id_field)[0]
+    return data.load_files(
+        paths,
+        fmt=d.format,
+        on_bad_row=d.on_bad_row,
+        id_field=d.id_field,
+        max_line_bytes=d.max_line_bytes,
+    )[0]
 
 
 def eval_problems(cfg: RunConfig, tokenizer: Any, max_problems: int = 0) -> tuple[list, list]:
@@ -152,6 +164,7 @@ def build_task(cfg: RunConfig) -> Task:
         prompt_ids=np.asarray(prompts.prompt_ids, np.int64),
         prompt_tokens=list(prompts.token_ids),
         answers=[row.gold for row in prompts.rows],
+        sources=[row.source for row in prompts.rows],
         stop_token_ids=stop_token_ids(tokenizer),
         pad_id=int(tokenizer.pad_token_id or 0),
         seq_len=cfg.max_seq_len,

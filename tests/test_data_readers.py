@@ -354,3 +354,128 @@ def test_invalid_json_line_names_its_column(tmp_path):
     assert report.skip_reasons[1] == (
         f"{path}: line 3: field '<line>': invalid JSON (Unterminated string starting at: column 12)"
     )
+
+
+# --- Paths that are not regular files, duplicated keys, over-long lines (issue: never block) --
+
+
+def _special_paths(tmp_path):
+    import os
+    import socket
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    directory = tmp_path / "folder.jsonl"
+    directory.mkdir()
+    sock_path = tmp_path / "s.jsonl"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    special = {
+        "fifo": (fifo, "is a named pipe (FIFO), not a file"),
+        "directory": (directory, "is a directory, not a file"),
+        "socket": (sock_path, "is a socket, not a file"),
+        "dev-zero": (Path("/dev/zero"), "is a character device, not a file"),
+        "missing": (tmp_path / "nope.jsonl", "no such file"),
+    }
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(fifo)
+    special["symlink-to-fifo"] = (link, "is a named pipe (FIFO), not a file")
+    return special, sock
+
+
+@pytest.mark.parametrize("fmt", ["auto", "jsonl", "parquet"])
+def test_special_files_are_named_and_never_opened(tmp_path, fmt):
+    # A FIFO without a writer blocks open() forever and /dev/zero streams forever: both are
+    # refused from os.stat. If anything opened them this test would hang (pytest has no
+    # timeout here), which is the failure it guards against.
+    special, sock = _special_paths(tmp_path)
+    try:
+        for name, (path, words) in special.items():
+            with pytest.raises(DataError) as info:
+                read_rows(path, fmt=fmt)
+            message = str(info.value)
+            assert message == f"{path}: {words}", (name, message)
+            assert "\n" not in message
+    finally:
+        sock.close()
+
+
+def test_fifo_in_a_file_list_is_refused_before_rows_of_later_files(tmp_path):
+    import os
+
+    good = _jsonl(tmp_path, [GOOD])
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="pipe.jsonl: is a named pipe"):
+        load_files([good, fifo])
+
+
+DUPLICATES = [
+    ("top-level", b'{"prompt": "1+1?", "answer": "2", "answer": "3"}', "answer"),
+    ("prompt", b'{"prompt": "a", "prompt": "b", "answer": "2"}', "prompt"),
+    ("same-value", b'{"prompt": "1+1?", "answer": "2", "answer": "2"}', "answer"),
+    ("source", b'{"prompt": "q", "answer": "2", "source": "a", "source": "b"}', "source"),
+    (
+        "inside-message",
+        b'{"prompt": [{"role": "user", "content": "x", "role": "system"}], "answer": "1"}',
+        "role",
+    ),
+    ("unused-key", b'{"prompt": "q", "answer": "2", "note": 1, "note": 2}', "note"),
+    ("escaped-same-key", b'{"prompt": "q", "answer": "2", "answ\\u0065r": "3"}', "answer"),
+]
+
+
+@pytest.mark.parametrize("raw, key", [c[1:] for c in DUPLICATES], ids=[c[0] for c in DUPLICATES])
+def test_duplicated_key_is_refused_naming_file_line_and_key(tmp_path, caplog, raw, key):
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, raw, GOOD_LINE.replace(b"1+1", b"3+3")])
+    with pytest.raises(DataError) as info:
+        load_rows(path)
+    assert str(info.value) == (
+        f"{path}: line 2: field '{key}': duplicated key in one object (which value is meant?)"
+    )
+    rows, report = read_rows(path, on_bad_row="skip")
+    assert [r.messages[0]["content"] for r in rows] == ["1+1?", "3+3?"]
+    assert report.skipped == 1
+
+
+def test_distinct_keys_in_nested_objects_are_fine(tmp_path):
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    path = _jsonl(tmp_path, [{"prompt": messages, "answer": "1", "meta": {"answer": "x"}}])
+    assert load_rows(path)[0].messages[1]["content"] == "u"
+
+
+def test_over_long_line_is_refused_before_parsing(tmp_path):
+    # 50 MB of one JSON string: parsing it would take tens of seconds and its memory; the
+    # reader sees the line is over the bound after max_line_bytes bytes and skips the rest.
+    big = b'{"prompt": "' + b"7" * 50_000_000 + b'", "answer": "1"}'
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, big, GOOD_LINE.replace(b"1+1", b"5+5")])
+    with pytest.raises(DataError) as info:
+        load_rows(path)
+    assert str(info.value) == (
+        f"{path}: line 2: field '<line>': {len(big) + 1} bytes, longer than "
+        f"max_line_bytes={1 << 20} (not parsed)"
+    )
+    rows, report = read_rows(path, on_bad_row="skip")
+    assert [r.messages[0]["content"] for r in rows] == ["1+1?", "5+5?"]
+    assert [r.origin.rsplit(" ", 1)[1] for r in rows] == ["1", "3"]  # line numbers kept
+
+
+def test_line_limit_is_configurable_and_exact(tmp_path):
+    line = GOOD_LINE + b"\n"
+    path = _jsonl_bytes(tmp_path, [GOOD_LINE, GOOD_LINE.replace(b"1+1", b"2+2") + b"   "])
+    assert len(load_rows(path, max_line_bytes=len(line) + 3)) == 2
+    with pytest.raises(DataError, match=r"line 2: .* longer than max_line_bytes"):
+        load_rows(path, max_line_bytes=len(line) + 2)
+    # Last line without a newline, over the bound.
+    tail = _jsonl_bytes(tmp_path, [GOOD_LINE], "tail.jsonl")
+    tail.write_bytes(line + b'{"prompt": "' + b"x" * 500 + b'", "answer": "1"}')
+    with pytest.raises(DataError, match=r"line 2: field '<line>': 52\d bytes"):
+        load_rows(tail, max_line_bytes=200)
+
+
+def test_max_line_bytes_is_a_validated_data_setting():
+    from dynamo_jax.data.config import MAX_LINE_BYTES, DataConfig
+
+    assert DataConfig().max_line_bytes == MAX_LINE_BYTES == 1 << 20
+    with pytest.raises(ValueError, match="DataConfig.max_line_bytes"):
+        DataConfig(max_line_bytes=0)

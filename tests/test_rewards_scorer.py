@@ -96,15 +96,17 @@ CASES: list[tuple[str, str, str, str]] = [
     ("equation-gold", "\\boxed{-1}", "y = -1", C),
     ("function-def", "\\boxed{f(x) = x + 1}", "f(x) = x + 1", C),
     ("factorial", "\\boxed{15 \\cdot 2013!}", "15(2013!)", C),
-    # several boxes: the last closed one is the answer
-    ("multi-revised", "First \\boxed{3}. Wait, that is wrong: \\boxed{4}", "4", C),
+    # several boxes: they must agree (docs/rewards.md: a completion that commits to more than
+    # one final answer earns 0, however it revises itself); an unclosed last box is left out
+    ("multi-revised", "First \\boxed{3}. Wait, that is wrong: \\boxed{4}", "4", W),
+    ("multi-same-value", "So \\boxed{\\frac{1}{2}}, i.e. \\boxed{0.5}", "0.5", C),
     ("multi-first-not-used", "First \\boxed{3}. Wait, that is wrong: \\boxed{4}", "3", W),
     ("multi-truncated-last", "So \\boxed{4}. Hmm, maybe \\boxed{3", "4", C),
     (
         "multi-nested-braces",
         "\\boxed{\\frac{1}{2}} then \\boxed{\\frac{\\sqrt{3}}{2}}",
         "\\frac{\\sqrt{3}}{2}",
-        C,
+        W,
     ),
     ("fbox", "The answer: \\fbox{7}", "7", C),
     ("boxed-no-braces", "so $\\boxed 7$", "7", C),
@@ -237,9 +239,11 @@ def _signal_workers_soon(pids, sig):
     return thread
 
 
-# Busy for the whole time limit (it ends in the worker's own timeout), so every worker still
-# holds one of these when the signal lands.
-SLOW = "\\boxed{9^{9^{9^{9}}}}"
+# Busy for the whole time limit (it ends in the worker's own timeout or work budget), so every
+# worker still holds one of these when the signal lands. (A power tower no longer is: it is
+# refused by its size in milliseconds, see rewards/budget.py.) 16 nested braces cost the ANTLR
+# parser seconds of CPU.
+SLOW = "\\boxed{" + "{" * 16 + "1" + "}" * 16 + "}"
 
 
 def test_hung_workers_are_killed_at_the_wall_cap_and_replaced():

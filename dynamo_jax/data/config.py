@@ -14,6 +14,9 @@ Format = Literal["auto", "parquet", "jsonl"]
 Overflow = Literal["truncate_left", "filter"]
 OnBadRow = Literal["error", "skip"]
 SyntheticOp = Literal["copy", "max", "add_mod", "mixed"]
+# Default bound on one JSONL line (bytes, newline included). A row is a prompt and an answer;
+# 1 MiB is ~250k tokens, far beyond any `max_prompt_tokens`, so only broken files reach it.
+MAX_LINE_BYTES = 1 << 20
 
 
 def _choice(name: str, value, allowed: tuple) -> None:
@@ -42,6 +45,8 @@ class DataConfig:
     on_bad_row: OnBadRow = "error"
     # Column/key holding a row id; rows without it get a hash of (source, prompt).
     id_field: str = "id"
+    # A JSONL line longer than this (bytes) is refused unparsed (a bad row: see on_bad_row).
+    max_line_bytes: int = MAX_LINE_BYTES
     seed: int = 0
     synthetic_op: SyntheticOp = "max"  # the learnable default (see data/synthetic.py)
     synthetic_modulus: int = 5
@@ -67,6 +72,10 @@ class DataConfig:
             raise ValueError(
                 "DataConfig.synthetic_modulus must be in [2, 10] (answers are one digit), "
                 f"got {self.synthetic_modulus}"
+            )
+        if not isinstance(self.max_line_bytes, int) or self.max_line_bytes < 1:
+            raise ValueError(
+                f"DataConfig.max_line_bytes must be an int >= 1, got {self.max_line_bytes!r}"
             )
         for name in ("synthetic_num_rows", "seed"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:

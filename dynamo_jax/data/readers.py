@@ -10,8 +10,15 @@ A malformed row raises `DataError` naming the file, the row (parquet: 0-based ro
 A JSONL line is malformed also when it is not UTF-8, not JSON, nested too deeply for the
 parser, or holds a string that is not valid Unicode (a lone surrogate escape such as
 `"\\ud800"`, which `json` accepts but nothing downstream can encode); a UTF-8 byte-order mark
-at the start of the file is accepted. A file that cannot be read at all (missing, empty, not
-parquet, no rows) raises `DataError` naming it, whatever on_bad_row says.
+at the start of the file is accepted. A line holding an object with a repeated key
+(`{"answer": "1", "answer": "2"}`) is malformed too: `json` would keep the last value silently.
+A line longer than `max_line_bytes` is refused without being parsed: lines are read in bounded
+chunks, so a 50 MB line costs a scan, not a JSON parse (nor 50 MB of memory).
+A file that cannot be read at all (missing, empty, not parquet, no rows) raises `DataError`
+naming it, whatever on_bad_row says. A path that is not a regular file (a directory, a named
+pipe, a socket, a device such as /dev/zero) is refused by what it is, from `os.stat`, before
+anything opens it: opening a FIFO for reading blocks until a writer comes, and a device can
+stream forever.
 Ground truths that are present but empty load (6 training rows have one); they are counted in
 the report because no completion can ever be scored correct against them.
 """
@@ -23,12 +30,15 @@ import dataclasses
 import json
 import logging
 import math
+import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dynamo_jax.data.config import MAX_LINE_BYTES
 from dynamo_jax.data.rows import ROLES, Message, Row, content_id, explicit_id
 from dynamo_jax.errors import DataError
 
@@ -37,6 +47,8 @@ logger = logging.getLogger(__name__)
 PARQUET_COLUMNS = ("data_source", "prompt", "reward_model")
 _MAX_LOGGED_SKIPS = 10
 _BOM = b"\xef\xbb\xbf"
+# Bytes read at a time while skipping the rest of an over-long line.
+_SKIP_CHUNK = 1 << 20
 
 __all__ = ["DataError", "IdAssigner", "LoadReport", "load_files", "load_rows", "read_rows"]
 
@@ -159,7 +171,8 @@ def _parse_jsonl_record(record, path: Path) -> tuple:
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
     try:
-        table = pq.read_table(path)
+        with _open_regular(path) as f:
+            table = pq.read_table(f)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable parquet file ({exc})") from None
     missing = [c for c in PARQUET_COLUMNS if c not in table.column_names]
@@ -171,6 +184,24 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
         yield f"row {i}", record
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """`json` object hook: a dict, unless a key repeats (then `_DuplicateKey` names it)."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return record
+
+
 def _json_line(raw: bytes):
     """One parsed JSONL line, or the `_FieldError` that says why it is not one."""
     try:
@@ -180,7 +211,9 @@ def _json_line(raw: bytes):
             "<line>", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at position {exc.start} of the line)"
         )
     try:
-        return json.loads(line)
+        return json.loads(line, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        return _FieldError(exc.key, "duplicated key in one object (which value is meant?)")
     except json.JSONDecodeError as exc:
         return _FieldError("<line>", f"invalid JSON ({exc.msg}: column {exc.colno})")
     except RecursionError:
@@ -189,11 +222,89 @@ def _json_line(raw: bytes):
         return _FieldError("<line>", f"invalid JSON ({exc})")
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | Exception]]:
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, from its `st_mode`."""
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
+
+
+def check_regular_file(path: Path) -> os.stat_result:
+    """`path`'s stat if it is a regular file, else `DataError` saying what it is (never opens)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"{path}: is {_file_kind(info.st_mode)}, not a file")
+    return info
+
+
+def _open_regular(path: Path):
+    """`path` opened for binary reading, refusing anything that is not a regular file.
+
+    O_NONBLOCK so that a FIFO swapped in after the `os.stat` check cannot block the open; the
+    descriptor's own fstat is then checked (it has no effect on regular files).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise DataError(f"{path}: is {_file_kind(mode)}, not a file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _bounded_lines(f, max_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """(line, length) for each line; an over-long line is yielded as b"" with its full length.
+
+    `readline(limit)` never holds more than `max_bytes + 1` bytes; the rest of an over-long
+    line is consumed in fixed-size chunks and counted, not kept.
+    """
+    while True:
+        raw = f.readline(max_bytes + 1)
+        if not raw:
+            return
+        if len(raw) <= max_bytes or raw.endswith(b"\n"):
+            yield raw, len(raw)
+            continue
+        length = len(raw)
+        while not raw.endswith(b"\n"):
+            raw = f.readline(_SKIP_CHUNK)
+            if not raw:
+                break
+            length += len(raw)
+        yield b"", length
+
+
+def _jsonl_records(
+    path: Path, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[str, dict | Exception]]:
     # Bytes, decoded line by line: one bad byte is then one bad line, not a crash of the file.
     try:
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
+        with _open_regular(path) as f:
+            for number, (raw, length) in enumerate(_bounded_lines(f, max_line_bytes), start=1):
+                if length > max_line_bytes:
+                    yield (
+                        f"line {number}",
+                        _FieldError(
+                            "<line>",
+                            f"{length} bytes, longer than max_line_bytes={max_line_bytes} "
+                            "(not parsed)",
+                        ),
+                    )
+                    continue
                 if number == 1 and raw.startswith(_BOM):
                     raw = raw[len(_BOM) :]
                 if not raw.strip():
@@ -244,15 +355,17 @@ def read_rows(
     id_field: str = "id",
     start_index: int = 0,
     ids: IdAssigner | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[Row], LoadReport]:
     """Rows of one file (dense indices from `start_index`) and what was loaded/skipped."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
-    if path.stat().st_size == 0:
+    if check_regular_file(path).st_size == 0:
         raise DataError(f"{path}: the file is empty")
     fmt = detect_format(path, fmt)
-    records = _parquet_records(path) if fmt == "parquet" else _jsonl_records(path)
+    if fmt == "parquet":
+        records = _parquet_records(path)
+    else:
+        records = _jsonl_records(path, max_line_bytes)
     parse = _parse_parquet_record if fmt == "parquet" else _parse_jsonl_record
     ids = ids if ids is not None else IdAssigner()
     report = LoadReport(str(path))
@@ -295,10 +408,17 @@ def read_rows(
 
 
 def load_rows(
-    path: str | Path, *, fmt: str = "auto", on_bad_row: str = "error", id_field: str = "id"
+    path: str | Path,
+    *,
+    fmt: str = "auto",
+    on_bad_row: str = "error",
+    id_field: str = "id",
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> list[Row]:
     """Rows of one file; see `read_rows` for the report of skipped rows."""
-    return read_rows(path, fmt=fmt, on_bad_row=on_bad_row, id_field=id_field)[0]
+    return read_rows(
+        path, fmt=fmt, on_bad_row=on_bad_row, id_field=id_field, max_line_bytes=max_line_bytes
+    )[0]
 
 
 def load_files(
@@ -307,6 +427,7 @@ def load_files(
     fmt: str = "auto",
     on_bad_row: str = "error",
     id_field: str = "id",
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[Row], list[LoadReport]]:
     """Rows of several files as one dataset: dense indices and unique ids across the files."""
     ids = IdAssigner()
@@ -314,7 +435,13 @@ def load_files(
     reports = []
     for path in paths:
         more, report = read_rows(
-            path, fmt=fmt, on_bad_row=on_bad_row, id_field=id_field, start_index=len(rows), ids=ids
+            path,
+            fmt=fmt,
+            on_bad_row=on_bad_row,
+            id_field=id_field,
+            start_index=len(rows),
+            ids=ids,
+            max_line_bytes=max_line_bytes,
         )
         rows.extend(more)
         reports.append(report)

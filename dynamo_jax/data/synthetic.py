@@ -181,7 +181,10 @@ class SyntheticScorer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def score(self, completions_text: Sequence[str], golds: Sequence[str]) -> list[Verdict]:
+    def score(
+        self, completions_text: Sequence[str], golds: Sequence[str], sources=None, extra_infos=None
+    ) -> list[Verdict]:
+        """Verdicts in input order (`sources` / `extra_infos`: the pool's signature, unused)."""
         if len(completions_text) != len(golds):
             raise ValueError(
                 f"score: {len(completions_text)} completions but {len(golds)} gold answers"

@@ -44,26 +44,37 @@ def matching_braces(text: str) -> dict[int, int]:
     return match
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last closed `\\boxed{...}` / `\\fbox{...}` (or `\\boxed X`), else None."""
+def box_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the content of every closed `\\boxed{...}` / `\\fbox{...}` (and
+    `\\boxed X`), in the order the boxes open; unclosed (truncated) boxes are left out.
+
+    Spans, not strings: 10,000 nested boxes would copy quadratically many characters.
+    """
     starts = [m.end() for m in _BOX_RE.finditer(text)]
     if not starts:
-        return None
+        return []
     match = matching_braces(text)
-    for start in reversed(starts):
+    spans = []
+    for start in starts:
         pos = start
         while pos < len(text) and text[pos] == " ":
             pos += 1
         if pos < len(text) and text[pos] == "{":
             if pos in match:
-                return text[pos + 1 : match[pos]].strip()
-            continue  # unclosed (truncated) box: fall back to an earlier, complete one
+                spans.append((pos + 1, match[pos]))
+            continue
         # `\boxed 5`: TeX takes a single token; take the run up to whitespace or `$`.
         if pos > start:
-            token = re.match(r"[^\s$]+", text[pos:])
+            token = re.compile(r"[^\s$]+").match(text, pos)
             if token:
-                return token.group(0)
-    return None
+                spans.append((pos, token.end()))
+    return spans
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last closed `\\boxed{...}` / `\\fbox{...}` (or `\\boxed X`), else None."""
+    spans = box_spans(text)
+    return text[slice(*spans[-1])].strip() if spans else None
 
 
 def max_nesting_depth(text: str) -> int:

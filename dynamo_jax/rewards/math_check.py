@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import re
 import signal
 import threading
 
@@ -41,12 +42,13 @@ from math_verify import parse, verify
 from math_verify import parser as _mv_parser
 from sympy.core.cache import clear_cache
 
+from dynamo_jax.rewards import budget, number, screen
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.extract import last_boxed, max_nesting_depth
+from dynamo_jax.rewards.extract import box_spans, max_nesting_depth
 from dynamo_jax.rewards.verdict import Status, Verdict
 
 
-class _DeadlineExceeded(BaseException):
+class DeadlineExceeded(BaseException):
     """Raised by SIGPROF at the per-item deadline (BaseException: see module docstring)."""
 
 
@@ -84,6 +86,8 @@ _PARSE_CACHES = (
     _mv_parser.extract_latex,
 )
 _SYMPY_SEED = 0
+# Honest completions box one answer, or revise it a few times; more is spam, refused unparsed.
+_MAX_BOXES = 16
 _INFINITIES = (sympy.S.Infinity, sympy.S.NegativeInfinity, sympy.S.ComplexInfinity)
 
 
@@ -115,8 +119,28 @@ def _evaluate_infinities(item):
         return item
 
 
+def _imaginary_unit(item):
+    """`item` with the symbol `i` read as the imaginary unit (the documented convention).
+
+    latex2sympy parses `i` as a plain symbol, so `\\boxed{i^2}` was `wrong` against -1 while
+    `3+4i` matched `3+4i` only as a polynomial in a variable. A final answer has no free index
+    variable named i, so both the gold and the answer read it as sqrt(-1).
+    """
+    if not isinstance(item, sympy.Basic | sympy.MatrixBase):
+        return item
+    units = {s: sympy.I for s in item.free_symbols if getattr(s, "name", None) == "i"}
+    if not units:
+        return item
+    try:
+        return item.xreplace(units)
+    except Exception:  # what SymPy cannot rebuild is compared as parsed
+        return item
+
+
 def _parsed(source: str) -> list:
-    return [_evaluate_infinities(item) for item in parse(source, parsing_timeout=None)]
+    return [
+        _imaginary_unit(_evaluate_infinities(item)) for item in parse(source, parsing_timeout=None)
+    ]
 
 
 def reward_for(status: Status, cfg: RewardConfig) -> float:
@@ -155,9 +179,9 @@ def _parse_gold(gold: str) -> list:
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float):
+def time_limit(seconds: float):
     def on_alarm(signum, frame):
-        raise _DeadlineExceeded()
+        raise DeadlineExceeded()
 
     previous = signal.signal(signal.SIGPROF, on_alarm)
     signal.setitimer(signal.ITIMER_PROF, seconds)
@@ -168,50 +192,142 @@ def _time_limit(seconds: float):
         signal.signal(signal.SIGPROF, previous)
 
 
-def _extract(text: str, cfg: RewardConfig) -> tuple[list | None, str | None, Verdict | None]:
-    """(parsed prediction, answer string, early verdict). Bounds are checked before parsing."""
-    boxed = last_boxed(text)
-    source = text if boxed is None else boxed
-    limit = cfg.max_chars if boxed is None else cfg.max_answer_chars
+def _bounds(source: str, limit: int, cfg: RewardConfig) -> Verdict | None:
     if len(source) > limit:
-        return (
-            None,
-            None,
-            make_verdict("parse_error", cfg, detail="answer longer than max_answer_chars"),
-        )
+        return make_verdict("parse_error", cfg, detail="answer longer than max_answer_chars")
     if max_nesting_depth(source) > cfg.max_nesting:
-        return (
-            None,
-            None,
-            make_verdict("parse_error", cfg, detail="nesting deeper than max_nesting"),
-        )
-    if boxed is None:
-        # No box: math-verify's own extraction ("the answer is ...", last LaTeX environment, ...).
-        predicted = _parsed(text)
+        return make_verdict("parse_error", cfg, detail="nesting deeper than max_nesting")
+    return None
+
+
+def _boxes(text: str, gold: str, cfg: RewardConfig) -> tuple[list[str], Verdict | None]:
+    """The distinct contents of the closed boxes, last one last (or the verdict refusing them).
+
+    Every box is screened (`screen.answer_reason`) and bounded: an earlier box is a committed
+    answer too, so `\\boxed{41 \\lor 42} ... \\boxed{42}` is a disjunction.
+    """
+    spans = box_spans(text)
+    if len(spans) > _MAX_BOXES:
+        return [], make_verdict("wrong", cfg, detail=f"more than {_MAX_BOXES} boxed answers")
+    distinct: dict[str, str] = {}
+    for start, end in spans:
+        content = text[start:end].strip()
+        key = re.sub(r"\s+", "", content)
+        distinct.pop(key, None)  # re-inserted: the order is that of last occurrences
+        distinct[key] = content
+    boxes = list(distinct.values())
+    for content in boxes:
+        early = _bounds(content, cfg.max_answer_chars, cfg)
+        reason = screen.answer_reason(content, gold) if content else None
+        if early is not None or reason is not None:
+            return boxes, early or make_verdict("wrong", cfg, answer=content, detail=reason)
+    return boxes, None
+
+
+def _extract(
+    text: str, gold: str, cfg: RewardConfig
+) -> tuple[list | None, str | None, Verdict | None]:
+    """(parsed prediction, answer string, early verdict). Bounds are checked before parsing."""
+    boxes, early = _boxes(text, gold, cfg)
+    if early is not None:
+        return None, None, early
+    if not boxes:
+        # No box: math-verify's own extraction ("the answer is ...", last LaTeX environment, ...)
+        # on the completion's tail, where a final answer is: its regexes cost time superlinear
+        # in the text's length.
+        reason = screen.unboxed_reason(text, gold)
+        if reason is not None:
+            return None, None, make_verdict("wrong", cfg, detail=reason)
+        tail = text[-cfg.max_answer_chars :]
+        early = _bounds(tail, cfg.max_answer_chars, cfg)
+        if early is not None:
+            return None, None, early
+        predicted = _parsed(tail)
         if not predicted:
             return None, None, make_verdict("no_answer", cfg, detail="no extractable answer")
         return predicted, str(predicted[-1]), None
-    if not boxed:
+    answer = boxes[-1]
+    if not answer:
         return None, "", make_verdict("no_answer", cfg, answer="", detail="empty \\boxed{}")
-    predicted = _parsed("\\boxed{" + boxed + "}")
+    predicted = _parsed("\\boxed{" + answer + "}")
     if not predicted:
         return (
             None,
-            boxed,
-            make_verdict("parse_error", cfg, answer=boxed, detail="unparseable answer"),
+            answer,
+            make_verdict("parse_error", cfg, answer=answer, detail="unparseable answer"),
         )
-    return predicted, boxed, None
+    for other in boxes[:-1]:  # several boxes must all hold the same value
+        if not (
+            other and verify(predicted, _parsed("\\boxed{" + other + "}"), timeout_seconds=None)
+        ):
+            return (
+                None,
+                answer,
+                make_verdict(
+                    "wrong",
+                    cfg,
+                    answer=answer,
+                    detail="several boxed answers with different values",
+                ),
+            )
+    return predicted, answer, None
+
+
+def _score_number(text: str, gold: str, cfg: RewardConfig) -> Verdict:
+    """answer_format="number": the final answer must be a number literal (see number.py)."""
+    boxes, early = _boxes(text, gold, cfg)
+    if early is not None:
+        return early
+    if boxes:
+        answer = boxes[-1]
+        if not answer:
+            return make_verdict("no_answer", cfg, answer="", detail="empty \\boxed{}")
+        values = [number.number_value(b) for b in boxes]
+        if any(v != values[-1] for v in values):
+            return make_verdict(
+                "wrong", cfg, answer=answer, detail="several boxed answers with different values"
+            )
+    else:
+        reason = screen.unboxed_reason(text, gold)
+        if reason is not None:
+            return make_verdict("wrong", cfg, detail=reason)
+        clause = screen.cue_clause(text)
+        answer = number.cue_number(clause) if clause is not None else number.last_line_number(text)
+        if answer is None:
+            return make_verdict("no_answer", cfg, detail="no number as the final answer")
+    value = number.number_value(answer)
+    if value is None:
+        return make_verdict("wrong", cfg, answer=answer, detail="final answer is not a number")
+    gold_value = number.number_value(gold, lowest_terms=False)
+    if gold_value is not None:
+        return make_verdict("correct" if value == gold_value else "wrong", cfg, answer=answer)
+    gold_parsed = _parse_gold(gold)  # a non-numeric gold (\\sqrt{2}): math-verify decides
+    if not gold_parsed:
+        return make_verdict("parse_error", cfg, detail="gold answer is empty or unparseable")
+    ok = verify(gold_parsed, _parsed("\\boxed{" + answer + "}"), timeout_seconds=None)
+    return make_verdict("correct" if ok else "wrong", cfg, answer=answer)
 
 
 def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
+    reason = screen.completion_reason(text)
+    if reason is not None:
+        return make_verdict("wrong", cfg, detail=reason)
+    if cfg.answer_format == "number":
+        return _score_number(text, gold, cfg)
     gold_parsed = _parse_gold(gold)
     if not gold_parsed:
         return make_verdict("parse_error", cfg, detail="gold answer is empty or unparseable")
-    predicted, answer, early = _extract(text, cfg)
+    predicted, answer, early = _extract(text, gold, cfg)
     if early is not None:
         return early
     ok = verify(gold_parsed, predicted, timeout_seconds=None)
     return make_verdict("correct" if ok else "wrong", cfg, answer=answer)
+
+
+@contextlib.contextmanager
+def _no_budget():
+    budget.reset()
+    yield
 
 
 def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
@@ -230,10 +346,19 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     if early is not None:
         return early
     _reset_state()
+    verdict = None
     try:
-        with _time_limit(cfg.timeout_s):
-            return _score_unbounded(text, gold, cfg)
-    except _DeadlineExceeded:
-        return make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
+        counted = budget.work_budget(cfg.max_work_calls) if cfg.max_work_calls else _no_budget()
+        with time_limit(cfg.timeout_s), counted:
+            verdict = _score_unbounded(text, gold, cfg)
+    except DeadlineExceeded:  # the safety net: work the budget does not count
+        verdict = make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
+    except budget.WorkBudgetExceeded:
+        pass
     except (Exception, RecursionError, MemoryError) as exc:  # parser bugs on hostile input
-        return make_verdict("parse_error", cfg, detail=f"{type(exc).__name__} while parsing")
+        verdict = make_verdict("parse_error", cfg, detail=f"{type(exc).__name__} while parsing")
+    if budget.exceeded():  # also when a library swallowed the exception and went on
+        return make_verdict(
+            "timeout", cfg, detail=f"exceeded the work budget ({cfg.max_work_calls} calls)"
+        )
+    return verdict

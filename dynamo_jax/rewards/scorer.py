@@ -21,23 +21,30 @@ Usage:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import logging
 import multiprocessing
 import os
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
+from dynamo_jax.errors import ConfigError
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.math_check import make_verdict, precheck, score_one
+from dynamo_jax.rewards.user import absolute_spec
 from dynamo_jax.rewards.verdict import Verdict
-from dynamo_jax.rewards.worker import READY, worker_main
+from dynamo_jax.rewards.worker import READY, START_FAILED, worker_main
 
 __all__ = ["RewardPool", "Verdict", "score_one"]
+
+logger = logging.getLogger(__name__)
 
 _PRELOAD_MODULE = "dynamo_jax.rewards.preload"
 
 
+_HASH_SEED = "0"
 # How often an item past its CPU limit in wall time, but not yet in CPU time, is re-checked.
 _POLL_S = 0.1
 # A worker must import and warm up the parsers within this (seconds; cold spawn ~2-5 s).
@@ -62,12 +69,34 @@ class _InFlight:
     start_cpu: float | None
 
 
-def _got_ready(worker: _Worker) -> bool:
-    """Read a warming worker's first message; True (and marked ready) if it is READY."""
+@contextlib.contextmanager
+def _fixed_hash_seed():
+    """Start processes with PYTHONHASHSEED=0 (unless the user set one): SymPy's work on an item
+    can depend on set iteration order, and the work budget must count the same calls in every
+    run (rewards/budget.py). The forkserver reads the environment once, when it starts."""
+    if "PYTHONHASHSEED" in os.environ:
+        yield
+        return
+    os.environ["PYTHONHASHSEED"] = _HASH_SEED
     try:
-        worker.ready = worker.conn.recv() == READY
+        yield
+    finally:
+        os.environ.pop("PYTHONHASHSEED", None)
+
+
+def _got_ready(worker: _Worker) -> bool:
+    """Read a warming worker's first message; True (and marked ready) if it is READY.
+
+    A worker that could not load the user's reward function says why: that is a config error
+    (the same in every worker), raised as one line rather than retried.
+    """
+    try:
+        message = worker.conn.recv()
     except (EOFError, OSError):
-        worker.ready = False
+        message = None
+    if isinstance(message, tuple) and message and message[0] == START_FAILED:
+        raise ConfigError(str(message[1]))
+    worker.ready = message == READY
     return worker.ready
 
 
@@ -91,6 +120,8 @@ class RewardPool:
     """
 
     def __init__(self, cfg: RewardConfig):
+        if cfg.function:
+            cfg = dataclasses.replace(cfg, function=absolute_spec(cfg.function))
         self.cfg = cfg
         self._ctx = multiprocessing.get_context(cfg.start_method)
         if cfg.start_method == "forkserver":
@@ -114,7 +145,12 @@ class RewardPool:
         while len(self._workers) < self.cfg.num_workers:
             self._workers.append(self._spawn())
         for worker in self._workers:
-            if not worker.ready and not (worker.conn.poll(_START_TIMEOUT_S) and _got_ready(worker)):
+            try:
+                ready = worker.ready or (worker.conn.poll(_START_TIMEOUT_S) and _got_ready(worker))
+            except ConfigError:
+                self.close()
+                raise
+            if not ready:
                 raise RuntimeError(
                     f"reward worker {worker.process.pid} did not start "
                     f"(exit code {worker.process.exitcode})"
@@ -128,7 +164,8 @@ class RewardPool:
         process = self._ctx.Process(
             target=worker_main, args=(child_conn, self.cfg), daemon=True, name="reward-worker"
         )
-        process.start()
+        with _fixed_hash_seed():
+            process.start()
         child_conn.close()
         return _Worker(process, parent_conn)
 
@@ -142,11 +179,27 @@ class RewardPool:
         self.restarts += 1
         return fresh
 
-    def score(self, completions_text: Sequence[str], golds: Sequence[str]) -> list[Verdict]:
-        """One verdict per completion, in input order. Never raises for bad completion text."""
+    def score(
+        self,
+        completions_text: Sequence[str],
+        golds: Sequence[str],
+        sources: Sequence[str | None] | None = None,
+        extra_infos: Sequence | None = None,
+    ) -> list[Verdict]:
+        """One verdict per completion, in input order. Never raises for bad completion text.
+
+        `sources` (data_source) and `extra_infos` reach a user's `reward.function` only.
+        """
         if len(completions_text) != len(golds):
             raise ValueError(
                 f"score: {len(completions_text)} completions but {len(golds)} gold answers"
+            )
+        sources = [None] * len(golds) if sources is None else list(sources)
+        extra_infos = [None] * len(golds) if extra_infos is None else list(extra_infos)
+        if not len(sources) == len(extra_infos) == len(golds):
+            raise ValueError(
+                f"score: {len(golds)} gold answers but {len(sources)} sources and "
+                f"{len(extra_infos)} extra_infos"
             )
         for i, gold in enumerate(golds):
             if not isinstance(gold, str):
@@ -161,12 +214,15 @@ class RewardPool:
                 pending.append(i)
             else:
                 results[i] = early
-        self._run(pending, completions_text, golds, results)
+        items = list(zip(completions_text, golds, sources, extra_infos))
+        self._run(pending, items, results)
+        if self.cfg.function:
+            _warn_user_failures(results, self.cfg.function)
         return results  # type: ignore[return-value]
 
-    def _run(self, pending, texts, golds, results) -> None:
+    def _run(self, pending, items, results) -> None:
         """Dispatch loop: one item per ready worker; replacements join once warmed up."""
-        batch = _Batch(self, pending, texts, golds, results)
+        batch = _Batch(self, pending, items, results)
         while batch.pending or batch.busy:
             batch.dispatch()
             batch.collect()
@@ -215,12 +271,27 @@ class RewardPool:
         self._workers = []
 
 
+def _warn_user_failures(results: list[Verdict], spec: str) -> None:
+    """One warning per batch in which the user's reward function raised, returned junk or hung:
+    those items still get a verdict, and the run goes on, but not silently."""
+    failed = [v for v in results if v.status in ("parse_error", "timeout")]
+    if failed:
+        logger.warning(
+            "reward.function %s: %d of %d completions got no score (%s: %s)",
+            spec,
+            len(failed),
+            len(results),
+            failed[0].status,
+            failed[0].detail,
+        )
+
+
 class _Batch:
     """The state of one `score` call: idle, warming and busy workers, and the results."""
 
-    def __init__(self, pool: RewardPool, pending, texts, golds, results):
+    def __init__(self, pool: RewardPool, pending, items, results):
         self.pool, self.cfg = pool, pool.cfg
-        self.pending, self.texts, self.golds, self.results = pending, texts, golds, results
+        self.pending, self.items, self.results = pending, items, results
         self.idle = [w for w in pool._workers if w.ready]
         self.warming = {id(w.conn): w for w in pool._workers if not w.ready}  # by id(conn)
         self.busy: dict[int, _InFlight] = {}  # by id(conn)
@@ -234,7 +305,7 @@ class _Batch:
         while self.pending and self.idle:
             worker, index = self.idle.pop(), self.pending.popleft()
             try:
-                worker.conn.send((index, self.texts[index], self.golds[index]))
+                worker.conn.send((index, *self.items[index]))
             except (BrokenPipeError, OSError):  # died while idle: retry on a fresh one
                 self.replace(worker)
                 self.pending.appendleft(index)
@@ -258,6 +329,7 @@ class _Batch:
             try:
                 _, verdict = conn.recv()
             except (EOFError, OSError):
+                job.worker.process.join(timeout=1.0)  # reap it, so its exit code is known
                 code = job.worker.process.exitcode
                 self.results[job.index] = make_verdict(
                     "parse_error", self.cfg, detail=f"reward worker died (exit code {code})"

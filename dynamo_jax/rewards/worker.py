@@ -1,4 +1,5 @@
-"""Entry point of a reward worker process: receive (index, text, gold), send (index, Verdict).
+"""Entry point of a reward worker process: receive (index, text, gold, source, extra_info), send
+(index, Verdict).
 
 Kept apart from the pool so that the forkserver can preload exactly this module (math-verify,
 SymPy and the ANTLR grammar) once, making a replacement worker a cheap fork.
@@ -9,11 +10,16 @@ from __future__ import annotations
 import resource
 from multiprocessing.connection import Connection
 
+from dynamo_jax.rewards import isolate
 from dynamo_jax.rewards.config import RewardConfig
+from dynamo_jax.rewards.isolate import score_isolated
 from dynamo_jax.rewards.math_check import score_one
+from dynamo_jax.rewards.user import load_function, score_user
 
 # First message of every worker: it is warm and ready for items (their deadlines start later).
 READY = "ready"
+# Or, instead, (START_FAILED, one-line reason) when the user's reward function cannot be loaded.
+START_FAILED = "start_failed"
 
 
 def _cap_memory(limit_mb: int) -> None:
@@ -29,9 +35,18 @@ def _cap_memory(limit_mb: int) -> None:
 def worker_main(conn: Connection, cfg: RewardConfig) -> None:
     """Serve scoring requests until the pipe closes or a None message arrives."""
     _cap_memory(cfg.worker_memory_mb)
-    # Already warm when forked from the preloaded forkserver (then this takes milliseconds);
-    # under spawn it keeps first-use costs out of the first items' time limits.
-    warm_up(cfg)
+    # Already warm when forked from the preloaded forkserver; under spawn this keeps first-use
+    # costs out of the first items' time limits. One pass of the default cases in both: every
+    # item is scored from this warm state (isolate.py).
+    if not _warm:
+        warm_up()
+    function = None
+    if cfg.function:
+        try:
+            function = load_function(cfg.function)
+        except ValueError as exc:
+            conn.send((START_FAILED, str(exc)))
+            return
     conn.send(READY)
     while True:
         try:
@@ -40,8 +55,12 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
             return
         if message is None:
             return
-        index, text, gold = message
-        conn.send((index, score_one(text, gold, cfg)))
+        index, text, gold, source, extra_info = message
+        if function is None:
+            scored = score_isolated if isolate.available() else score_one
+            conn.send((index, scored(text, gold, cfg)))
+        else:
+            conn.send((index, score_user(function, text, gold, source, extra_info, cfg)))
 
 
 # One example per answer shape: the first parse of each shape costs 0.2-0.7 s (SymPy's lazy
@@ -54,7 +73,38 @@ _WARM_UP_CASES = (
     ("\\boxed{1, 3}", "$1$,$3$"),
     ("\\boxed{540^\\circ}", "10\\%"),
     ("The answer is 3/4.", "025"),
+    # Every item is scored from this warm state (isolate.py), so the parser's prediction cache
+    # never grows past what these build: the common answer shapes are parsed here once.
+    ("So the answer is \\boxed{-12}.", "-12"),
+    ("\\boxed{3.75}", "\\frac{15}{4}"),
+    ("\\boxed{\\dfrac{-3}{7}}", "-\\frac{3}{7}"),
+    ("\\boxed{2\\sqrt{3} - \\frac{\\pi}{6}}", "2\\sqrt{3}-\\frac{\\pi}{6}"),
+    (
+        "\\boxed{\\left( -\\frac{5}{11}, \\frac{12}{11} \\right)}",
+        "\\left(-\\frac{5}{11},\\frac{12}{11}\\right)",
+    ),
+    ("\\boxed{[-2, 5) \\cup (7, \\infty)}", "[-2,5)\\cup(7,\\infty)"),
+    ("\\boxed{\\{1, 2, 3\\}}", "\\{1,2,3\\}"),
+    ("\\boxed{y = 2x + 3}", "y=2x+3"),
+    ("\\boxed{15 \\cdot 2013!}", "15(2013!)"),
+    (
+        "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}",
+        "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}",
+    ),
+    ("\\boxed{5 \\text{ cm}^2}", "5"),
+    ("\\boxed{\\mathbf{2340}}", "\\mathbf{2340}"),
+    ("\\boxed{66_8}", "66_8"),
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}"),
+    ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}"),
+    ("\\boxed{3+4i}", "3+4i"),
+    ("\\boxed{\\log_2 8 + e^{2}}", "3+e^2"),
+    ("\\boxed{|x - 1| \\le 2}", "-1 \\le x \\le 3"),
+    ("The final answer is $\\frac{7}{2}$.", "3.5"),
+    ("Answer: 1,000", "1000"),
 )
+
+
+_warm = False  # set once warm_up has run in this process (or in the forkserver it came from)
 
 
 def warm_up(cfg: RewardConfig | None = None) -> None:
@@ -62,3 +112,5 @@ def warm_up(cfg: RewardConfig | None = None) -> None:
     cfg = cfg or RewardConfig()
     for text, gold in _WARM_UP_CASES:
         score_one(text, gold, cfg)
+    global _warm
+    _warm = True

@@ -1,0 +1,111 @@
+"""A work budget per completion: time-outs decided by work done, not by the clock.
+
+A CPU-time limit makes the verdict of an expensive input depend on the machine and its load:
+`\\boxed{{{{{{{{{{{{42}}}}}}}}}}}}` (12 nested braces) costs math-verify's ANTLR parser about
+2 CPU s, 16 braces about 20 s, so near any limit its status (`timeout` vs `wrong`) came out
+differently on a loaded host, a slower host, or after a different item. Here the work is
+counted instead:
+
+- Python function calls, counted by a global trace function (`sys.settrace`, which fires once
+  per new frame and, returning None, never traces lines): the same input makes the same calls,
+  so an item past `max_work_calls` is a `timeout` wherever it runs. Honest answers make 10^3 to
+  3*10^5 calls; the default budget is 2*10^6.
+- Integer powers, which SymPy hands to C (`9^{9^{9^9}}` never returns, and no signal can stop
+  it): a power whose result would exceed `_MAX_POWER_BITS` is refused by its size, before it is
+  computed, and counts as the budget spent.
+
+If a library swallows the budget exception (a bare `except:`), the trace function is gone but
+the flag stays set, and the item is a `timeout` all the same when it ends. The CPU-time limit
+(`RewardConfig.timeout_s`) stays, far above what the budget allows, only as a safety net for
+work the budget does not see (a loop in one function making no calls).
+
+Call counts could depend on the hash seed (set iteration order inside SymPy); the pool starts its
+workers with a fixed PYTHONHASHSEED (scorer.py) so that even items at the edge of the budget get
+the same status in every run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+
+# 2**20 bits (~315,000 digits) take milliseconds; every honest answer is far smaller.
+_MAX_POWER_BITS = 1 << 20
+
+
+class WorkBudgetExceeded(BaseException):
+    """Raised when an item has made its budget of calls (BaseException: nothing catches it by
+    accident with `except Exception`)."""
+
+
+class _Budget:
+    active = False
+    left = 0
+    exceeded = False
+
+
+def _count_call(frame, event, arg):
+    _Budget.left -= 1
+    if _Budget.left < 0:
+        _Budget.exceeded = True
+        raise WorkBudgetExceeded()
+    return None  # no line tracing inside the frame
+
+
+def reset() -> None:
+    """No budget for the next item (`RewardConfig.max_work_calls = 0`)."""
+    _Budget.left, _Budget.exceeded, _Budget.active = 0, False, False
+
+
+def exceeded() -> bool:
+    """Whether the current (or last) budgeted item ran out of work, even if that was swallowed."""
+    return _Budget.exceeded
+
+
+@contextlib.contextmanager
+def work_budget(calls: int):
+    """Count Python calls made inside the block; raise `WorkBudgetExceeded` past `calls`."""
+    _Budget.left, _Budget.exceeded, _Budget.active = calls, False, True
+    previous = sys.gettrace()
+    sys.settrace(_count_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+        _Budget.active = False
+
+
+def calls_made(function, *args) -> int:
+    """How many calls `function(*args)` makes (for tests and for sizing the budget)."""
+    with work_budget(sys.maxsize):
+        function(*args)
+    return sys.maxsize - _Budget.left
+
+
+def _refuse_huge_power(original):
+    def _eval_power(self, expt):
+        if _Budget.active:  # only inside a budgeted item
+            p = getattr(expt, "p", None)
+            q = getattr(expt, "q", 1)
+            if isinstance(p, int) and abs(p) > q and max(abs(self.p), abs(self.q)) > 1:
+                size = max(abs(self.p), abs(self.q)).bit_length()
+                if size * (abs(p) / q) > _MAX_POWER_BITS:
+                    _Budget.exceeded = True
+                    raise WorkBudgetExceeded()
+        return original(self, expt)
+
+    _eval_power.__wrapped__ = original
+    return _eval_power
+
+
+def _install_power_guard() -> None:
+    numbers = importlib.import_module("sympy.core.numbers")
+    for cls in (numbers.Rational, numbers.Integer):
+        method = cls.__dict__.get("_eval_power")
+        if method is None or hasattr(method, "__wrapped__"):
+            continue
+        cls._eval_power = _refuse_huge_power(method)
+
+
+_install_power_guard()

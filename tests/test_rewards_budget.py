@@ -1,0 +1,182 @@
+"""Time-outs decided by work done: the full verdict (reward and status) is a function of the
+input alone, whatever the machine's load and whatever was scored before."""
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dynamo_jax.rewards import budget
+from dynamo_jax.rewards.config import RewardConfig
+from dynamo_jax.rewards.isolate import call_isolated, score_isolated
+from dynamo_jax.rewards.math_check import _reset_state, _score_unbounded, score_one
+from dynamo_jax.rewards.scorer import RewardPool
+from dynamo_jax.rewards.worker import warm_up
+
+# A generous CPU net, so that only the work budget can decide these items' status.
+CFG = RewardConfig(
+    num_workers=2, max_work_calls=300_000, timeout_s=60.0, kill_grace_s=1.0, wall_timeout_s=120.0
+)
+# Nested braces cost math-verify's parser exponentially in the depth (16 levels: ~20 CPU s, so
+# a CPU-time limit decided their status by the machine's speed and load).
+NESTED = {d: "\\boxed{" + "{" * d + "42" + "}" * d + "}" for d in (2, 12, 16)}
+TOWER = "\\boxed{9^{9^{9^{9}}}}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_like_a_worker():
+    # Start this process from the workers' warm state, so that in-process results below do not
+    # depend on which tests ran before (the parser's cache only grows).
+    warm_up()
+
+
+def _count(text: str, gold: str, cfg: RewardConfig) -> int:
+    _reset_state()
+    return budget.calls_made(_score_unbounded, text, gold, cfg)
+
+
+def _calls(text: str, gold: str, cfg: RewardConfig = CFG) -> int:
+    # In a fresh fork of this (warm) process, as the pool's workers score.
+    return call_isolated(_count, text, gold, cfg)
+
+
+def test_call_counts_are_a_function_of_the_input():
+    texts = ("\\boxed{\\frac{3}{5}}", "\\boxed{(5, \\infty)}", NESTED[2], "\\boxed{1, 3}")
+    first = [_calls(t, "0.6") for t in texts]
+    for text in texts[::-1]:  # other items scored in between, as a worker does: in forks
+        score_isolated(text, "0.6", CFG)
+    assert [_calls(t, "0.6") for t in texts] == first
+
+
+def test_in_process_counts_depend_on_history_which_is_why_workers_fork():
+    # What isolate.py is for: ANTLR's prediction cache grows with every input it parses.
+    text = "\\boxed{\\left( \\frac{7}{13}, \\sqrt{17} \\right]}"
+    fresh = _calls(text, "1")
+    score_one(text, "1", CFG)
+    assert _count(text, "1", CFG) < fresh
+
+
+def test_the_budget_edge_is_exact():
+    # The status flips at exactly the number of calls the item makes: no clock involved.
+    text = "\\boxed{\\left( -\\frac{5}{11}, \\frac{12}{11} \\right)}"
+    needed = _calls(text, "(1, 2)")
+    at = score_isolated(text, "(1, 2)", dataclasses.replace(CFG, max_work_calls=needed))
+    below = score_isolated(text, "(1, 2)", dataclasses.replace(CFG, max_work_calls=needed - 1))
+    assert at.status == "wrong" and below.status == "timeout"
+    assert "work budget" in below.detail
+
+
+def test_deep_nesting_gets_the_same_verdict_every_time_and_after_other_items():
+    first = [score_one(NESTED[d], "42", CFG) for d in (12, 16)]
+    assert all(v.status == "timeout" and "work budget" in v.detail for v in first), first
+    for _ in range(2):
+        score_one("\\boxed{\\frac{1}{2}}", "0.5", CFG)  # other work in between
+        assert [score_one(NESTED[d], "42", CFG) for d in (12, 16)] == first
+    assert score_one(NESTED[2], "42", CFG).status == "correct"
+
+
+def test_power_towers_are_refused_by_size_not_by_a_kill():
+    verdict = score_one(TOWER, "1", CFG)
+    assert verdict.status == "timeout" and "work budget" in verdict.detail
+    assert score_one("\\boxed{2^{20}}", "1048576", CFG).status == "correct"  # small powers fine
+    assert score_one("The answer is 9**9**9**9.", "1", CFG).status == "timeout"
+
+
+def test_a_swallowed_budget_exception_still_times_out():
+    def swallows():
+        try:
+            while True:
+                _calls_something()
+        except BaseException:  # noqa: BLE001 - what a careless library might do
+            pass
+        return "done"
+
+    with budget.work_budget(1000):
+        assert swallows() == "done"
+    assert budget.exceeded()
+
+
+def _calls_something():
+    return None
+
+
+_BURN = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
+
+
+@contextlib.contextmanager
+def _loaded_machine():
+    """Busy-loop processes on every core while the block runs."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(max(2, os.cpu_count() or 2))
+    ]
+    try:
+        yield
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
+
+
+HEAVY = [NESTED[12], NESTED[16], TOWER, NESTED[2], "\\boxed{(5, \\infty)}"]
+HEAVY_GOLDS = ["42", "42", "1", "42", "(5,\\infty)"]
+
+
+def test_pool_verdicts_do_not_depend_on_what_was_scored_before():
+    with RewardPool(CFG) as pool:
+        first = pool.score(HEAVY, HEAVY_GOLDS)
+        pool.score(HEAVY[::-1] + ["\\boxed{\\frac{1}{2}}"], HEAVY_GOLDS[::-1] + ["0.5"])
+        assert pool.score(HEAVY, HEAVY_GOLDS) == first
+    assert [v.status for v in first] == ["timeout", "timeout", "timeout", "correct", "correct"]
+    assert all("work budget" in v.detail for v in first[:3])
+    with RewardPool(CFG) as fresh:  # new workers, same verdicts
+        assert fresh.score(HEAVY[::-1], HEAVY_GOLDS[::-1]) == first[::-1]
+
+
+def test_same_verdicts_in_the_pool_under_load():
+    # The reference comes from a pool too: a worker scores from its own warm state, which this
+    # test process (whatever it parsed before) does not share.
+    with RewardPool(CFG) as pool:
+        expected = pool.score(HEAVY, HEAVY_GOLDS)
+        with _loaded_machine():
+            assert pool.score(HEAVY, HEAVY_GOLDS) == expected
+            with RewardPool(CFG) as fresh:
+                assert fresh.score(HEAVY, HEAVY_GOLDS) == expected
+        assert pool.restarts == 0  # nothing had to be killed
+
+
+def test_pool_workers_run_with_a_fixed_hash_seed(tmp_path):
+    user = tmp_path / "seed.py"
+    user.write_text(
+        textwrap.dedent(
+            """
+            def seed(data_source, solution_str, ground_truth, extra_info=None):
+                return float(hash("dynamo") % 1000 + 1)
+            """
+        )
+    )
+    cfg = RewardConfig(function=f"{user}:seed", num_workers=1)
+    with RewardPool(cfg) as pool:
+        got = pool.score(["x"], ["y"])[0].reward
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    want = subprocess.run(
+        [sys.executable, "-c", "print(hash('dynamo') % 1000 + 1)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    if os.environ.get("PYTHONHASHSEED") not in (None, "0"):
+        pytest.skip("the user fixed another hash seed for this process")
+    assert got == float(want)
+
+
+def test_a_zero_budget_switches_counting_off():
+    cfg = dataclasses.replace(CFG, max_work_calls=0, timeout_s=1.0, wall_timeout_s=20.0)
+    assert score_one("\\boxed{\\frac{1}{2}}", "0.5", cfg).status == "correct"
+    assert "CPU" in score_one(NESTED[16], "42", cfg).detail  # the CPU limit decides, not work
+    with pytest.raises(ValueError, match="RewardConfig.max_work_calls"):
+        RewardConfig(max_work_calls=-1)
