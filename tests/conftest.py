@@ -53,3 +53,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("vllm") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """(config, workdir) of a finished 6-step run with checkpoints at steps 3 and 6."""
+    from helpers.train_runs import _short_config
+
+    from dynamo_jax import train
+    from dynamo_jax.config import from_config_dict
+
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    config = _short_config(method="grpo", steps=6, every=3)
+    train.run(from_config_dict(config), workdir)
+    return config, workdir

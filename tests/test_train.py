@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 from helpers.train_runs import (
+    LAUNCH_ARGS,
     ROOT,
     _assert_same_tree,
     _deterministic,
@@ -72,15 +73,6 @@ def test_tiny_config_learns(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- resume
 
-LAUNCH_ARGS = (
-    f"--config={ROOT / 'configs' / 'tiny.py'}:method=e3",
-    "--config.checkpoint.max_to_keep=2",
-    "--config.logging.progress_bar=False",
-    "--config.logging.tensorboard=False",
-    "--config.logging.plots_at_end=False",
-    "--config.eval.every_steps=0",
-)
-
 
 def _timeline(path):
     """{(event, index): [times]} of a kill_worker timeline file."""
@@ -105,15 +97,6 @@ def test_metrics_cut_back_when_killed_before_the_first_checkpoint(tmp_path):
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     assert not any("stale" in r for r in records)
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """(config, workdir) of a finished 6-step run with checkpoints at steps 3 and 6."""
-    workdir = tmp_path_factory.mktemp("finished") / "run"
-    config = _short_config(method="grpo", steps=6, every=3)
-    train.run(from_config_dict(config), workdir)
-    return config, workdir
 
 
 def _copy(workdir, tmp_path):

@@ -12,16 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_checkpoint_unsafe import KINDS, _within
-from test_train import (  # noqa: F401 (fixtures)
-    LAUNCH_ARGS,
-    ROOT,
-    _assert_same_tree,
-    _deterministic,
-    _final_state,
-    compilation_cache,
-    finished_run,
-)
+from helpers.damage import KINDS, _within
+from helpers.train_runs import LAUNCH_ARGS, ROOT, _assert_same_tree, _deterministic, _final_state
 
 from dynamo_jax import train
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
@@ -86,7 +78,7 @@ DAMAGE = {
 
 
 @pytest.mark.slow
-def test_every_kind_of_damage_is_detected_and_nothing_is_lost(finished_run, tmp_path, capsys):  # noqa: F811
+def test_every_kind_of_damage_is_detected_and_nothing_is_lost(finished_run, tmp_path, capsys):
     config, original = finished_run
     want_metrics = _deterministic(read_metrics(original))
     want_params = _final_state(original, config)[1]

@@ -71,3 +71,14 @@ def _assert_same_tree(a, b):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             x, y = jax.random.key_data(x), jax.random.key_data(y)
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), jax.tree_util.keystr(path))
+
+
+# launch.py flags of a short e3 run on the tiny config (kill/resume tests).
+LAUNCH_ARGS = (
+    f"--config={ROOT / 'configs' / 'tiny.py'}:method=e3",
+    "--config.checkpoint.max_to_keep=2",
+    "--config.logging.progress_bar=False",
+    "--config.logging.tensorboard=False",
+    "--config.logging.plots_at_end=False",
+    "--config.eval.every_steps=0",
+)
