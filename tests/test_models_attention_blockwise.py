@@ -237,3 +237,11 @@ def test_pallas_kernel_through_the_interpreter_equals_matmul_on_real_tokens(kind
     g_got = jax.grad(lambda *a: jnp.sum(pal(*a) * w), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(g_ref, g_got, strict=True):
         np.testing.assert_allclose(b, a, **F32)
+
+
+def test_pallas_impl_says_it_needs_a_gpu_on_cpu():
+    cfg = get_preset("tiny-qwen3", attention_impl="pallas")
+    params = qwen.init_params(cfg, jax.random.key(0))
+    tokens = jnp.ones((1, 8), jnp.int32)
+    with pytest.raises(ValueError, match="'pallas' runs a Triton kernel and needs an NVIDIA GPU"):
+        qwen.forward(params, cfg, tokens, jnp.arange(8)[None], tokens)

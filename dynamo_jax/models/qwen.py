@@ -183,6 +183,11 @@ def _pallas(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, ca
     # Imported on use: Pallas' GPU lowering is only needed where this implementation is chosen.
     from dynamo_jax.models.attention_pallas import pallas_attention
 
+    if jax.default_backend() != "gpu":
+        raise ValueError(
+            "ModelConfig.attention_impl='pallas' runs a Triton kernel and needs an NVIDIA GPU "
+            f"(backend here: {jax.default_backend()}); use 'blockwise' elsewhere"
+        )
     if not causal:  # decoding against a KV cache: the kernel only knows the training layout
         return _blockwise(
             q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, False, cfg
