@@ -452,6 +452,9 @@ class Transformer(nn.Module):
 
 
 def _init_boxed(cfg: ModelConfig, rng: Array):
+    # The parameters do not depend on how attention is computed: init traces "matmul", so a
+    # GPU-only implementation can still be initialised or shape-evaluated anywhere.
+    cfg = cfg.replace(attention_impl="matmul")
     tokens = jnp.zeros((1, 1), jnp.int32)
     return Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
 
