@@ -17,8 +17,8 @@ and `compiled.cost_analysis()["flops"]` is read. Two things make that count hone
 
 Columns: compiled FLOPs per token; the ideal 6·N + 6·(attention, causal half) (the PaLM-style
 model FLOPs: N matmul parameters, embeddings excluded, the untied head included); and an
-analytic account of the excess: what the remat policy recomputes (full: 2·N + the causal
-attention forward; dots_with_no_batch_dims_saveable: the attention forward; dots_saveable:
+analytic account of the excess: what the remat policy recomputes (full: 2·N_layers + the
+causal attention forward; dots_with_no_batch_dims_saveable: the attention forward; dots_saveable:
 no matmul), attention's masked half (the dense kernel computes as much again as the causal
 count, in every pass it runs), the log-prob kernel's
 recomputed logits in the backward (2·D·V per token); "other" is what remains (norms, RoPE,
@@ -91,7 +91,16 @@ def model_flops(cfg, seq: int) -> dict[str, float]:
     n = cfg.num_params - v * d * (0 if cfg.tie_word_embeddings else 1)
     # Forward attention per token: QK^T and PV, 2·2·H·E per key, over the causal half.
     attn_fwd_causal = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq / 2
-    return dict(n=n, six_n=6 * n, attn=3 * attn_fwd_causal, attn_fwd=attn_fwd_causal, dv=2 * d * v)
+    # The decoder layers' matmul parameters: what a full remat recomputes (not the head).
+    layers = cfg.num_params - v * d * (1 if cfg.tie_word_embeddings else 2) - d
+    return dict(
+        n=n,
+        six_n=6 * n,
+        layers=layers,
+        attn=3 * attn_fwd_causal,
+        attn_fwd=attn_fwd_causal,
+        dv=2 * d * v,
+    )
 
 
 def analyse(preset: str, rows: int, seq: int, policy: str) -> dict:
@@ -109,7 +118,7 @@ def analyse(preset: str, rows: int, seq: int, policy: str) -> dict:
     # "dots_with_no_batch_dims_saveable" keeps the weight matmuls but not attention's batched
     # ones; "dots_saveable" keeps every matmul (only elementwise work is recomputed).
     recompute_attn = policy in ("full", "dots_with_no_batch_dims_saveable")
-    remat = 2 * m["n"] if policy == "full" else 0.0
+    remat = 2 * m["layers"] if policy == "full" else 0.0
     remat += m["attn_fwd"] if recompute_attn else 0.0
     # The dense kernel computes the masked half too: as much again as the causal count, for
     # the forward, the backward and any recomputed forward.
