@@ -29,8 +29,9 @@ def get_config(arg: str | None = None):
         devices=8,
         max_prompt_tokens=1024,
         max_new_tokens=3072,
-        # Packed rows of 4,096 tokens, 2 per GPU per micro-batch (--dry_run: docs/scaling.md)
-        micro_tokens=2 * 4096,
+        # Packed rows of 4,096 tokens, 4 per GPU per micro-batch with blockwise attention
+        # (--dry_run: docs/scaling.md; 2 with the dense "matmul" scores)
+        micro_tokens=4 * 4096,
         # Table 3's vLLM tensor parallel 2: 4 sidecars per 8-GPU host, colocated; vLLM 0.4 and
         # JAX 0.55 of each GPU (Table 3's 0.8 is verl's time-sharing: configs/paper.py)
         vllm=dict(vllm_tensor_parallel=2, gpu_memory_utilization=0.4, jax_memory_fraction=0.55),

@@ -29,8 +29,10 @@ def get_config(arg: str | None = None):
         max_prompt_tokens=2048,
         max_new_tokens=8192,
         # Packed rows of 10,240 tokens, one per FSDP group per micro-batch (--dry_run:
-        # docs/scaling.md); that row needs ~53 GiB, so JAX keeps 0.78 of each GPU and vLLM runs
-        # at tensor parallel 4 (2 sidecars per host: 7 GB of weights per GPU) in the other 0.17
+        # docs/scaling.md). With blockwise attention that row needs ~35 GiB (53 with the dense
+        # "matmul" scores), so the memory goes back to vLLM: JAX 0.55 of each GPU, vLLM 0.40 at
+        # tensor parallel 4 (2 sidecars per host: 7 GB of weights per GPU, the rest KV cache);
+        # four rows per micro-batch (~74 GiB) would not fit beside any vLLM share
         micro_tokens=10240,
-        vllm=dict(vllm_tensor_parallel=4, gpu_memory_utilization=0.17, jax_memory_fraction=0.78),
+        vllm=dict(vllm_tensor_parallel=4, gpu_memory_utilization=0.40, jax_memory_fraction=0.55),
     )

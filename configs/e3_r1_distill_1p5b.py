@@ -21,8 +21,9 @@ def get_config(arg: str | None = None):
         learning_rate=5e-6,
         mesh_shape=(1, -1, 1),
         devices=4,
-        # Packed rows of 8,192 tokens, 2 per GPU per micro-batch (--dry_run: docs/scaling.md)
-        micro_tokens=2 * 8192,
+        # Packed rows of 8,192 tokens, 4 per GPU per micro-batch with blockwise attention
+        # (--dry_run: docs/scaling.md; 2 with the dense "matmul" scores)
+        micro_tokens=4 * 8192,
         # one vLLM sidecar per GPU (the paper states no tensor parallel), colocated
         vllm=dict(vllm_tensor_parallel=1, gpu_memory_utilization=0.4, jax_memory_fraction=0.55),
     )

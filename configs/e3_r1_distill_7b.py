@@ -21,9 +21,10 @@ def get_config(arg: str | None = None):
         learning_rate=2e-6,
         mesh_shape=(1, -1, 1),
         devices=8,
-        # Packed rows of 8,192 tokens, one per GPU per micro-batch (--dry_run: docs/scaling.md);
-        # that row needs ~50 GiB, so JAX keeps 0.72 of each GPU and vLLM (tensor parallel 2,
+        # Packed rows of 8,192 tokens, four per GPU per micro-batch with blockwise attention
+        # (--dry_run: docs/scaling.md; ~46 GiB, where one row took ~50 GiB with the dense
+        # "matmul" scores), so JAX keeps 0.72 of each GPU and vLLM (tensor parallel 2,
         # 4 sidecars per host: 7.6 GB of weights per GPU) the other 0.23
-        micro_tokens=8192,
+        micro_tokens=4 * 8192,
         vllm=dict(vllm_tensor_parallel=2, gpu_memory_utilization=0.23, jax_memory_fraction=0.72),
     )

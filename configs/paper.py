@@ -89,8 +89,15 @@ def _common(
     vllm: dict,
 ):
     config = base.mlc.ConfigDict()
-    # bf16 compute, fp32 master weights, full rematerialisation of each layer
-    config.model = base.model(preset, dtype="bfloat16", param_dtype="float32", remat_policy="full")
+    # bf16 compute, fp32 master weights, full rematerialisation of each layer; blockwise
+    # attention (memory linear in length: no [L, L] scores at 8k-10k tokens; docs/scaling.md)
+    config.model = base.model(
+        preset,
+        dtype="bfloat16",
+        param_dtype="float32",
+        remat_policy="full",
+        attention_impl="blockwise",
+    )
     config.init = base.init(checkpoint=hf_dir, tokenizer=hf_dir)  # download the HF model here
     config.data = base.data_math(
         paths=(str(DATA / "train.parquet"),),

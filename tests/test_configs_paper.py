@@ -83,9 +83,14 @@ def _throughput_settings(run, devices: int):
 @pytest.mark.parametrize("name,preset,devices,max_prompt,max_response,tp", DYNAMO)
 def test_dynamo_configs_hold_table_3(name, preset, devices, max_prompt, max_response, tp):
     run = _load(name)
-    # The published model in bf16 compute with fp32 master weights and full remat.
+    # The published model in bf16 compute with fp32 master weights, full remat and blockwise
+    # attention.
     assert run.model == get_preset(
-        preset, dtype="bfloat16", param_dtype="float32", remat_policy="full"
+        preset,
+        dtype="bfloat16",
+        param_dtype="float32",
+        remat_policy="full",
+        attention_impl="blockwise",
     )
     # Generation: 512 prompts × 16 rollouts on average, each prompt in [8, 24] (DRA on).
     assert run.train.prompts_per_step == 512

@@ -220,13 +220,15 @@ def _packed_rows(seqs=SEQS, width=20):
     return tokens, pos, seg
 
 
-@pytest.mark.parametrize("impl", ["matmul", "xla"])
+@pytest.mark.parametrize("impl", ["matmul", "xla", "blockwise"])
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_packed_row_matches_transformers_per_sequence(family, impl):
     """Each packed sequence's logits are transformers' for that sequence run alone (attention
-    within the segment, RoPE positions from 0), with either attention implementation."""
+    within the segment, RoPE positions from 0), with every CPU attention implementation
+    (blockwise in tiles of 4 queries x 8 keys, so sequences straddle tiles)."""
     model = make_tiny_hf_model(family, tie=False, seed=4)
-    cfg, params = _flax_from_hf(model, attention_impl=impl)
+    blocks = dict(attention_block_q=4, attention_block_k=8)
+    cfg, params = _flax_from_hf(model, attention_impl=impl, **blocks)
     tokens, pos, seg = _packed_rows()
     out = np.asarray(qwen.forward_jit(params, cfg, tokens, pos, seg))
     start = 0
@@ -238,7 +240,7 @@ def test_packed_row_matches_transformers_per_sequence(family, impl):
     np.testing.assert_allclose(out[1, : len(SEQS[1])], out[0, 5:12], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("impl", ["matmul", "xla"])
+@pytest.mark.parametrize("impl", ["matmul", "xla", "blockwise"])
 def test_segments_never_see_each_other(tiny3, impl):
     """Changing every token of the middle sequence leaves the other sequences' logits (before
     and after it in the row) bit-identical, and does change its own."""

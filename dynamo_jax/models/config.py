@@ -20,7 +20,7 @@ REMAT_POLICIES = (
     "everything_saveable",
 )
 # How the masked attention is computed (models/qwen.py ATTENTION_IMPLS, same names).
-ATTENTION_IMPLS = ("matmul", "xla", "cudnn")
+ATTENTION_IMPLS = ("matmul", "xla", "cudnn", "blockwise", "pallas")
 
 # Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse.
 _FAMILY_DEFAULTS = {
@@ -60,7 +60,13 @@ class ModelConfig:
     # "matmul": batched matmuls over (row, kv head), the fastest on XLA:CPU; "xla" / "cudnn":
     # jax.nn.dot_product_attention with that implementation (cudnn: fused flash attention on
     # NVIDIA GPUs, bf16/fp16 compute only). Same results up to rounding.
+    # "blockwise": flash-style tiles of attention_block_q queries x attention_block_k keys with a
+    # recomputing backward (models/attention_blockwise.py), memory linear in length, any backend;
+    # "pallas": the Pallas GPU flash kernel with segment ids (NVIDIA GPUs only; training rows,
+    # decoding falls back to "blockwise").
     attention_impl: str = "matmul"
+    attention_block_q: int = 512
+    attention_block_k: int = 512
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -84,6 +90,8 @@ class ModelConfig:
             "num_kv_heads",
             "head_dim",
             "max_position_embeddings",
+            "attention_block_q",
+            "attention_block_k",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -28,7 +28,10 @@ sequence. Segments never see each other, so packed and padded sequences get the 
 `ModelConfig.attention_impl` picks how the masked attention is computed, once, where the model is
 built (`ATTENTION_IMPLS`): "matmul" (batched matmuls, below) or `jax.nn.dot_product_attention`
 with implementation "xla" or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16; the
-causal flag lets it skip the blocks above the diagonal).
+causal flag lets it skip the blocks above the diagonal) all build the [B, L, S] mask;
+"blockwise" (models/attention_blockwise.py) computes the same rule per tile from slots and
+segment ids, with memory linear in length; "pallas" (models/attention_pallas.py) is the Pallas
+GPU flash kernel with segment ids, for training rows on NVIDIA GPUs.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynamo_jax.models.attention_blockwise import blockwise_attention
 from dynamo_jax.models.config import ModelConfig
 
 Array = jax.Array
@@ -135,10 +139,20 @@ def attend(
     return out.reshape(b, kv_heads, g, length, e).transpose(0, 3, 1, 2, 4).reshape(b, length, h, e)
 
 
+# Every attention implementation takes (q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
+# the ingredients of `attention_mask`, so an implementation that never builds the mask can skip it.
+
+
+def _masked(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
+    allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
+    return attend(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, allowed_BxLxS, causal)
+
+
 def _dot_product_attention(implementation: str):
     """`attend` through `jax.nn.dot_product_attention` with the given implementation."""
 
-    def attend_dpa(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, allowed_BxLxS, causal):
+    def attend_dpa(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
+        allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
         return jax.nn.dot_product_attention(
             q_BxLxHxE,
             k_BxSxKxE,
@@ -151,11 +165,50 @@ def _dot_product_attention(implementation: str):
     return attend_dpa
 
 
+def _blockwise(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
+    # `causal` is implied by the slots; the blockwise bound skips the tiles above the diagonal.
+    return blockwise_attention(
+        q_BxLxHxE,
+        k_BxSxKxE,
+        v_BxSxKxE,
+        q_slot_L,
+        q_seg_BxL,
+        kv_seg_BxS,
+        block_q=cfg.attention_block_q,
+        block_k=cfg.attention_block_k,
+    )
+
+
+def _pallas(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
+    # Imported on use: Pallas' GPU lowering is only needed where this implementation is chosen.
+    from dynamo_jax.models.attention_pallas import pallas_attention
+
+    if jax.default_backend() != "gpu":
+        raise ValueError(
+            "ModelConfig.attention_impl='pallas' runs a Triton kernel and needs an NVIDIA GPU "
+            f"(backend here: {jax.default_backend()}); use 'blockwise' elsewhere"
+        )
+    if not causal:  # decoding against a KV cache: the kernel only knows the training layout
+        return _blockwise(
+            q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, False, cfg
+        )
+    return pallas_attention(
+        q_BxLxHxE,
+        k_BxSxKxE,
+        v_BxSxKxE,
+        q_seg_BxL,
+        block_q=cfg.attention_block_q,
+        block_k=cfg.attention_block_k,
+    )
+
+
 # ModelConfig.attention_impl → the attention function (models/config.py lists the same names).
 ATTENTION_IMPLS = {
-    "matmul": attend,
+    "matmul": _masked,
     "xla": _dot_product_attention("xla"),
     "cudnn": _dot_product_attention("cudnn"),
+    "blockwise": _blockwise,
+    "pallas": _pallas,
 }
 
 
@@ -193,8 +246,9 @@ class Attention(nn.Module):
             v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
             layer_kv = (k_cache, v_cache)
             k, v = k_cache.astype(dt), v_cache.astype(dt)
-        allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
-        out = ATTENTION_IMPLS[cfg.attention_impl](q, k, v, allowed_BxLxS, causal)
+        out = ATTENTION_IMPLS[cfg.attention_impl](
+            q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg
+        )
         o_kernel = _Kernel(
             (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
             ("heads", "head_dim", "embed"),
@@ -398,6 +452,9 @@ class Transformer(nn.Module):
 
 
 def _init_boxed(cfg: ModelConfig, rng: Array):
+    # The parameters do not depend on how attention is computed: init traces "matmul", so a
+    # GPU-only implementation can still be initialised or shape-evaluated anywhere.
+    cfg = cfg.replace(attention_impl="matmul")
     tokens = jnp.zeros((1, 1), jnp.int32)
     return Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
 

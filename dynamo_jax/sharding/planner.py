@@ -22,6 +22,11 @@ sequences each, micro-batches of a token budget's rows, and a varying micro-batc
 sequence alone in a row (`RowLayout.max_micro_batches`). Memory is the micro-batch's (the step
 scans over micro-batches), so a packed mini-batch, which needs fewer micro-batches, fits too.
 
+Attention: `attention_estimate_bytes(...)` is an analytic estimate of the attention temporaries
+live at once (the recomputed layer's attention backward under remat) for the model's
+`attention_impl`, reported beside the compiled total; compiling the same shape with "matmul" and
+with "blockwise" measures the difference (benchmarks/dry_run_scaling.py --grid papers).
+
 Caveat, stated in every report: the program is compiled for the CPU backend. Layouts, fusion and
 the scheduler differ on GPU/TPU, so temporaries are an estimate (typically within tens of
 percent); parameter, optimizer-state and batch bytes are exact.
@@ -142,6 +147,7 @@ def plan(
     peak_b = int(
         mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + temp_b
     )
+    rows_per_device = _sharded_rows(batch_shardings, batch_size // micro_batches)
     return {
         "model": _model_summary(model_cfg),
         "mesh": dict(mesh.shape),
@@ -149,8 +155,8 @@ def plan(
         "batch_size": batch_size,
         "seq_len": seq_len,
         "micro_batches": micro_batches,
-        "tokens_per_device_micro_batch": _sharded_rows(batch_shardings, batch_size // micro_batches)
-        * seq_len,
+        "tokens_per_device_micro_batch": rows_per_device * seq_len,
+        "attention_estimate_bytes": attention_estimate_bytes(model_cfg, rows_per_device, seq_len),
         "num_params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))),
         "per_device_bytes": {
             "params": params_b,
@@ -173,6 +179,28 @@ def plan(
     }
 
 
+def attention_estimate_bytes(cfg: ModelConfig, rows: int, seq_len: int) -> int:
+    """Attention temporaries of one layer's backward for `rows` rows of `seq_len` tokens on one
+    device (before fusion; an estimate, not a measurement).
+
+    "matmul" / "xla" / "cudnn"-on-CPU hold the bool [R, L, L] mask, float32 scores and their
+    gradient, and the probabilities and their gradient in the compute dtype: R·H·L²·(4 + 4 +
+    2·dtype) + R·L². "blockwise" holds one tile's scores, probabilities, dP and dS (float32,
+    R·H·block_q·block_k·16) plus linear terms: float32 dK/dV accumulators (R·L·K·E·8), the
+    stacked float32 dQ blocks (R·L·H·E·4) and the log-sum-exp (R·L·H·4). "pallas" (fused, on
+    chip tiles) counts only the repeated K/V and their gradients (R·L·H·E·dtype·4).
+    """
+    h, kh, e, n = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, seq_len
+    item = 2 if cfg.dtype == "bfloat16" else 4
+    if cfg.attention_impl == "blockwise":
+        bq, bk = min(cfg.attention_block_q, n), min(cfg.attention_block_k, n)
+        tile = rows * h * bq * bk * 16
+        return tile + rows * n * (kh * e * 8 + h * e * 4 + h * 4)
+    if cfg.attention_impl == "pallas":
+        return rows * n * h * e * item * 4
+    return rows * h * n * n * (8 + 2 * item) + rows * n * n
+
+
 def _sharded_rows(batch_shardings: dict[str, Any], rows: int) -> int:
     """Rows of a `rows`-row batch that one device holds."""
     return batch_shardings["tokens"].shard_shape((rows,))[0]
@@ -181,7 +209,12 @@ def _sharded_rows(batch_shardings: dict[str, Any], rows: int) -> int:
 def _model_summary(cfg: ModelConfig) -> dict[str, Any]:
     keys = ("family", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "vocab_size")
     summary = {k: getattr(cfg, k) for k in keys}
-    summary.update(dtype=cfg.dtype, param_dtype=cfg.param_dtype, remat_policy=cfg.remat_policy)
+    summary.update(
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        remat_policy=cfg.remat_policy,
+        attention_impl=cfg.attention_impl,
+    )
     return summary
 
 
@@ -236,7 +269,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"model: {m['family']} {m['num_layers']}L d={m['hidden_size']} heads={m['num_heads']}/"
         f"{m['num_kv_heads']} V={m['vocab_size']} ({m['param_dtype']} params, {m['dtype']} "
-        f"compute, remat={m['remat_policy']})",
+        f"compute, remat={m['remat_policy']}, attention={m.get('attention_impl', 'matmul')})",
         f"parameters: {report['num_params']:,}",
         f"mesh: {report['mesh']} ({report['num_devices']} devices)",
         f"batch: {report['batch_size']} rows x {report['seq_len']} tokens, "
@@ -246,7 +279,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"  params       {gib(per['params'])}",
         f"  opt state    {gib(per['opt_state'])}",
         f"  batch        {gib(per['batch'])}",
-        f"  temporaries  {gib(per['temporaries'])}",
+        f"  temporaries  {gib(per['temporaries'])}  (attention, estimated: "
+        f"{gib(report.get('attention_estimate_bytes', 0)).strip()})",
         f"  peak         {gib(per['peak'])}",
         f"fits a {report['device_memory_gb']:g} GiB device: {'YES' if report['fits'] else 'NO'}",
         f"compiled in {report['compile_seconds']} s on {report['backend']} ({report['caveat']})",
