@@ -28,7 +28,7 @@ def _flax_logits(params, cfg, tokens=TOKENS, mask=MASK):
     return np.asarray(qwen.forward_jit(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_logits_match_transformers_with_padding(family, tie):
     model = make_tiny_hf_model(family, tie=tie, seed=3)
@@ -51,6 +51,9 @@ def test_logits_match_transformers_with_padding(family, tie):
             "qwen3",
             dict(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936),
         ),
+        # SmolLM2-135M hidden/heads/mlp/vocab (tied, rope 1e5 below is Qwen's; shape is what
+        # matters here), 2 layers.
+        ("llama", dict(hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab=49152)),
     ],
 )
 def test_logits_match_transformers_at_real_widths(family, widths):
