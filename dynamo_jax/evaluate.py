@@ -327,10 +327,11 @@ def run_from_config(
 def main(argv: Sequence[str]) -> None:
     del argv
     from dynamo_jax.config import from_config_dict
+    from dynamo_jax.models.fetch import resolve_checkpoint, resolve_init
 
     report = run_from_config(
-        from_config_dict(_FLAGS["config"].value),
-        _FLAGS["checkpoint"].value,
+        resolve_init(from_config_dict(_FLAGS["config"].value)),
+        resolve_checkpoint(_FLAGS["checkpoint"].value),
         output=_FLAGS["output"].value,
         n_samples=_FLAGS["n_samples"].value,
         ks=[int(k) for k in _FLAGS["ks"].value],
