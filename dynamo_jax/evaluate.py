@@ -38,6 +38,7 @@ from dynamo_jax.tasks import Task
 
 DEFAULT_KS = (1, 8, 32)
 OVERALL = "overall"
+GREEDY = "eval_greedy"  # metrics prefix of the greedy evaluation (eval.greedy)
 
 
 class Scorer(Protocol):
@@ -281,6 +282,19 @@ def evaluate_in_loop(engine: RolloutEngine, task: Task, cfg: RunConfig, step: in
     )
     out = metrics(report)
     out["eval/pass@1"] = out.get(f"eval/{OVERALL}/pass@1", float("nan"))
+    if cfg.eval.greedy:  # accuracy of the most likely answer: one sample at T = 0
+        greedy = dataclasses.replace(sampling, temperature=0.0)
+        report = evaluate(
+            engine,
+            rows,
+            prompts,
+            scorer=task.scorer,
+            decode=task.decode,
+            sampling=greedy,
+            n_samples=1,
+            ks=(1,),
+        )
+        out.update(metrics(report, prefix=GREEDY))
     return out
 
 
