@@ -86,10 +86,14 @@ def get_config(arg: str | None = None):
         prompts_per_step=8,
         mini_batch_size=64,
         dynamic_sampling=method == "grpo_dynamic_sampling",
+        skip_on_policy_logprob_pass=True,  # where it applies (GRPO: yes; E3 needs its entropy)
     )
     config.checkpoint = base.checkpoint(every_steps=steps)
-    # 40 held-out problems (8 per level; the file interleaves levels), 8 samples each
-    config.eval = base.evaluation(every_steps=10, n_samples=8, ks=(1, 8), max_problems=40)
+    # 40 held-out problems (8 per level; the file interleaves levels), 8 samples each at T = 1
+    # and one greedy, before training (step 0) and every 10 steps
+    config.eval = base.evaluation(
+        every_steps=10, n_samples=8, ks=(1, 8), max_problems=40, at_start=True, greedy=True
+    )
     config.logging = base.logging()
     config.dry_run = base.dry_run(num_devices=1, device_memory_gb=8.0)
     return config

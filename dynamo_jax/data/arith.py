@@ -50,9 +50,9 @@ def _pairs(level: str) -> list[tuple[str, int, int]]:
         return [("*", a, b) for a in range(10, 100) for b in range(2, 10)]
     if level == "word":
         return (
-            [("+", a, b) for a in range(2, 50) for b in range(2, 50)]
+            [("+", a, b) for a in range(2, 50) for b in range(a, 50)]
             + [("-", a, b) for a in range(10, 60) for b in range(2, a)]
-            + [("*", a, b) for a in range(2, 13) for b in range(2, 13)]
+            + [("*", a, b) for a in range(2, 13) for b in range(a, 13)]
         )
     raise ValueError(f"unknown level {level!r}; levels: {LEVELS}")
 
@@ -62,10 +62,10 @@ def _value(op: str, a: int, b: int) -> int:
 
 
 def _question(level: str, op: str, a: int, b: int, rng: random.Random) -> str:
+    if op in "+*" and rng.random() < 0.5:
+        a, b = b, a  # either order is asked; the pair is still one split key
     if level == "word":
         return _WORD_OPS[op].format(n=rng.choice(_NAMES), t=rng.choice(_THINGS), a=a, b=b)
-    if op == "+" and rng.random() < 0.5:
-        a, b = b, a  # either order is asked; the pair is still one split key
     sign = {"+": "+", "-": "-", "*": "×"}[op]
     return f"What is {a} {sign} {b}?"
 
