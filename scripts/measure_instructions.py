@@ -27,7 +27,8 @@ from dynamo_jax.models.tokenizer import stop_token_ids
 from dynamo_jax.rollout.protocol import Request, SamplingParams
 
 CANDIDATES = {
-    "number_only": (smollm2_arith.INSTRUCTION, 24),
+    "number_only": ("Answer with only the final number.", 24),
+    "calculator_example": (smollm2_arith.INSTRUCTION, 24),
     "brief_then_answer": (
         "Think briefly, then end with 'The answer is N.' where N is a number.",
         64,
