@@ -105,13 +105,13 @@ def _headline(s: RunSummary) -> str:
 
 
 def _eval_lines(records: Sequence[dict], group: str) -> list[str]:
-    """The last evaluation's pass@k; when an earlier one exists (eval.at_start: step 0, the
-    base model), before → after, per group (difficulty level, benchmark) too, and greedy."""
+    """The last evaluation's pass@k; when the base model was evaluated too (eval.at_start: step
+    0), before → after, per group (difficulty level, benchmark) too, and greedy."""
     after = last_eval(records, group)
     if not after:
         return []
     before = last_eval(records, group, first=True)
-    if before[0] == after[0]:
+    if before[0] != 0 or before[0] == after[0]:  # no base-model evaluation: the last one only
         shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in after[1].items())
         return [f"  {'eval':<12} {shown}  (step {after[0]})"]
     change = lambda b, a: ", ".join(f"pass@{k} {b[k]:.3f} → {a[k]:.3f}" for k in a if k in b)

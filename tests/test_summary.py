@@ -130,6 +130,8 @@ def test_before_and_after_when_the_base_model_was_evaluated():
     assert "    add1       pass@1 0.400 → 0.600, pass@8 0.900 → 0.950" in text
     assert "    word       pass@1 0.100 → 0.200, pass@8 0.300 → 0.400" in text
     assert "  greedy       accuracy 0.250 → 0.450" in text
-    # One evaluation only: the old single line.
-    text = format_summary(_summary(), records[1:], "overall")
-    assert "  eval         pass@1 0.350, pass@8 0.600  (step 20)" in text and "→ 0.350" not in text
+    # No step-0 evaluation (an earlier one at step 10 is not "before"): the last one only.
+    for others in ([], [{"step": 10, "eval/overall/pass@1": 0.3, "eval/overall/pass@8": 0.5}]):
+        text = format_summary(_summary(), others + records[1:], "overall")
+        assert "  eval         pass@1 0.350, pass@8 0.600  (step 20)" in text
+        assert "→ 0.350" not in text
