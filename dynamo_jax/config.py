@@ -71,6 +71,9 @@ class TrainConfig:
     old_logp_source: str = "trainer"  # π_old: "trainer" (generating version's params) | "engine"
     dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, draw more prompts
     max_sampling_rounds: int = 10  # dynamic sampling: rounds per step at most (verl's default)
+    # Skip the log-prob pass when it would only recompute the current policy: π_old =
+    # stop_gradient(π) in the update instead (RunConfig.skips_logprob_pass says when it applies).
+    skip_on_policy_logprob_pass: bool = False
 
     def __post_init__(self):
         # NumPy's SeedSequence and vLLM's seeding (np.random.seed) take only non-negative seeds
@@ -101,6 +104,11 @@ class TrainConfig:
             raise ValueError(
                 f"train.old_logp_source must be one of {OLD_LOGP_SOURCES}, got "
                 f"{self.old_logp_source!r}"
+            )
+        if not isinstance(self.skip_on_policy_logprob_pass, bool):
+            raise ValueError(
+                "train.skip_on_policy_logprob_pass must be a bool, got "
+                f"{self.skip_on_policy_logprob_pass!r}"
             )
         if self.dynamic_sampling and self.max_staleness:
             # The extra rounds depend on the first round's rewards, so they could only be sampled
@@ -152,11 +160,16 @@ class EvalConfig:
     n_samples: int = 4  # samples per problem (temperature 1.0, top-p 1.0)
     ks: tuple[int, ...] = (1,)  # report pass@k for these k (each <= n_samples)
     max_problems: int = 64  # evaluate on the first this many problems (0 = all)
+    at_start: bool = False  # also evaluate before the first step of a fresh run (as step 0)
+    greedy: bool = False  # also greedy accuracy (one sample at T = 0): eval_greedy/<group>/pass@1
 
     def __post_init__(self):
         object.__setattr__(self, "ks", tuple(int(k) for k in self.ks))
         if self.every_steps < 0 or self.max_problems < 0:
             raise ValueError("eval.every_steps and eval.max_problems must be >= 0")
+        for name in ("at_start", "greedy"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"eval.{name} must be a bool, got {getattr(self, name)!r}")
         _positive("eval", self, "n_samples")
         bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
         if bad:
@@ -209,6 +222,25 @@ class RunConfig:
     def max_seq_len(self) -> int:
         """The longest sequence a step can hold: max prompt tokens + max new tokens."""
         return self.data.max_prompt_tokens + self.rollout.max_new_tokens
+
+    @property
+    def skips_logprob_pass(self) -> bool:
+        """train.skip_on_policy_logprob_pass, where the pass would give nothing but π itself:
+        synchronous (staleness 0, π_old from the trainer), one update per step (one epoch, one
+        mini-batch, no extra dynamic-sampling rounds), no KL reference, and no consumer of the
+        pass's per-token entropy (E3's temperature, DynaMO's entropy factor). The update's own
+        metrics still report the entropy; the pass's engine-vs-trainer diff is not logged."""
+        t = self.train
+        return (
+            t.skip_on_policy_logprob_pass
+            and t.max_staleness == 0
+            and t.old_logp_source == "trainer"
+            and self.updates_per_step == 1
+            and not t.dynamic_sampling
+            and self.loss.kl == "none"
+            and self.temperature.mode != "e3"
+            and not self.allocation.entropy_factor
+        )
 
     @property
     def updates_per_step(self) -> int:

@@ -38,6 +38,7 @@ from dynamo_jax.tasks import Task
 
 DEFAULT_KS = (1, 8, 32)
 OVERALL = "overall"
+GREEDY = "eval_greedy"  # metrics prefix of the greedy evaluation (eval.greedy)
 
 
 class Scorer(Protocol):
@@ -285,6 +286,19 @@ def evaluate_in_loop(engine: RolloutEngine, task: Task, cfg: RunConfig, step: in
     )
     out = metrics(report)
     out["eval/pass@1"] = out.get(f"eval/{OVERALL}/pass@1", float("nan"))
+    if cfg.eval.greedy:  # accuracy of the most likely answer: one sample at T = 0
+        greedy = dataclasses.replace(sampling, temperature=0.0)
+        report = evaluate(
+            engine,
+            rows,
+            prompts,
+            scorer=task.scorer,
+            decode=task.decode,
+            sampling=greedy,
+            n_samples=1,
+            ks=(1,),
+        )
+        out.update(metrics(report, prefix=GREEDY))
     return out
 
 
@@ -331,10 +345,11 @@ def run_from_config(
 def main(argv: Sequence[str]) -> None:
     del argv
     from dynamo_jax.config import from_config_dict
+    from dynamo_jax.models.fetch import resolve_checkpoint, resolve_init
 
     report = run_from_config(
-        from_config_dict(_FLAGS["config"].value),
-        _FLAGS["checkpoint"].value,
+        resolve_init(from_config_dict(_FLAGS["config"].value)),
+        resolve_checkpoint(_FLAGS["checkpoint"].value),
         output=_FLAGS["output"].value,
         n_samples=_FLAGS["n_samples"].value,
         ks=[int(k) for k in _FLAGS["ks"].value],

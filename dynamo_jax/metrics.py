@@ -94,7 +94,8 @@ class MetricsWriter:
 
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
-    def write(self, step: int, values: Mapping[str, Any]) -> None:
+    def write(self, step: int, values: Mapping[str, Any], *, advance: bool = True) -> None:
+        """One record; `advance=False` (the before-training evaluation) leaves the bar alone."""
         record = {"step": int(step), **{k: _json_value(v) for k, v in values.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -109,7 +110,7 @@ class MetricsWriter:
                 if isinstance(record.get(key), int | float)
             }
             self._bar.set_postfix(shown, refresh=False)
-            self._bar.update(1)
+            self._bar.update(1 if advance else 0)
 
     def message(self, text: str) -> None:
         """A line that does not break the progress bar."""
@@ -130,8 +131,8 @@ class NullWriter:
     """`MetricsWriter`'s interface doing nothing: what non-primary processes of a multi-process
     run hold, so that metrics, TensorBoard and the progress bar are written once (process 0)."""
 
-    def write(self, step: int, values: Mapping[str, Any]) -> None:
-        del step, values
+    def write(self, step: int, values: Mapping[str, Any], *, advance: bool = True) -> None:
+        del step, values, advance
 
     def message(self, text: str) -> None:
         del text

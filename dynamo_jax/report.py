@@ -104,9 +104,6 @@ def step_metrics(
             "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
             "temperature": float(temperature),
             "entropy/mean": entropy_mean(batch),
-            # Current trainer vs engine log-probs of the sampled tokens: ~0 unless the engine
-            # ran other weights (staleness) or other numerics.
-            "rollout/engine_logp_abs_diff": logp_metrics["rollout/engine_logp_abs_diff"],
             "response/len_mean": _mean(batch.response_len[valid]),
             "response/stop_share": _mean(batch.stopped[valid]),
             "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
@@ -115,5 +112,11 @@ def step_metrics(
             "data/epoch": epochs_completed,
         }
     )
-    metrics.update(logp_metrics)  # the staleness and behaviour-policy figures under lag
+    # Current trainer vs engine log-probs of the sampled tokens (rollout/engine_logp_abs_diff:
+    # ~0 unless the engine ran other weights or numerics), the staleness and behaviour-policy
+    # figures under lag; none when the log-prob pass was skipped (RunConfig.skips_logprob_pass).
+    metrics.update(logp_metrics)
+    if not np.isfinite(metrics["entropy/mean"]) and "loss/entropy_mean" in metrics:
+        # No pass: the update's own forward ran the same (current) policy on the same tokens.
+        metrics["entropy/mean"] = metrics["loss/entropy_mean"]
     return metrics

@@ -79,11 +79,13 @@ def reward_first_last(records: Sequence[dict], window: int = 5) -> tuple[str, st
     return f"{mean(first):.3f} → {mean(last):.3f}", f"mean of steps {span(first)} → {span(last)}"
 
 
-def last_eval(records: Sequence[dict], group: str) -> tuple[int, dict[int, float]] | None:
-    """(step, {k: pass@k}) of `group` (metrics `eval/<group>/pass@k`) in the last record with
-    an evaluation, or None."""
-    pass_at = re.compile(rf"^eval/{re.escape(group)}/pass@(\d+)$")
-    for record in reversed(records):
+def last_eval(
+    records: Sequence[dict], group: str, *, first: bool = False, prefix: str = "eval"
+) -> tuple[int, dict[int, float]] | None:
+    """(step, {k: pass@k}) of `group` (metrics `<prefix>/<group>/pass@k`) in the last (`first`:
+    the first) record with an evaluation, or None."""
+    pass_at = re.compile(rf"^{re.escape(prefix)}/{re.escape(group)}/pass@(\d+)$")
+    for record in records if first else reversed(records):
         found = {}
         for key, value in record.items():
             match = pass_at.match(key)
@@ -114,6 +116,36 @@ def _headline(s: RunSummary) -> str:
     return f"run {s.name} {s.status.value} after {of}{launch}: {s.reason}"
 
 
+def _eval_lines(records: Sequence[dict], group: str) -> list[str]:
+    """The last evaluation's pass@k; when the base model was evaluated too (eval.at_start: step
+    0), before → after, per group (difficulty level, benchmark) too, and greedy."""
+    after = last_eval(records, group)
+    if not after:
+        return []
+    before = last_eval(records, group, first=True)
+    if before[0] != 0 or before[0] == after[0]:  # no base-model evaluation: the last one only
+        shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in after[1].items())
+        return [f"  {'eval':<12} {shown}  (step {after[0]})"]
+    change = lambda b, a: ", ".join(f"pass@{k} {b[k]:.3f} → {a[k]:.3f}" for k in a if k in b)
+    lines = [f"  {'eval':<12} {change(before[1], after[1])}  (step {before[0]} → {after[0]})"]
+    groups = sorted(
+        {m.group(1) for r in records for key in r for m in [_GROUP.match(key)] if m} - {group}
+    )
+    for name in groups:
+        b, a = last_eval(records, name, first=True), last_eval(records, name)
+        if b and a and b[0] != a[0]:
+            lines.append(f"  {'  ' + name:<12} {change(b[1], a[1])}")
+    b = last_eval(records, group, first=True, prefix=GREEDY)
+    a = last_eval(records, group, prefix=GREEDY)
+    if b and a and b[0] != a[0]:
+        lines.append(f"  {'greedy':<12} accuracy {b[1][1]:.3f} → {a[1][1]:.3f}")
+    return lines
+
+
+_GROUP = re.compile(r"^eval/([^/]+)/pass@\d+$")
+GREEDY = "eval_greedy"  # evaluate.GREEDY (not imported: summary stays free of JAX)
+
+
 def format_summary(s: RunSummary, records: Sequence[dict], eval_group: str) -> str:
     """The printed block: headline, reward first → last, the last eval's pass@k of
     `eval_group`, outputs, export command."""
@@ -125,11 +157,7 @@ def format_summary(s: RunSummary, records: Sequence[dict], eval_group: str) -> s
     lines.append(
         f"  {REWARD_KEY:<12} {reward[0]}  ({reward[1]})" if reward else "  no steps recorded"
     )
-    evaluation = last_eval(records, eval_group)
-    if evaluation:
-        step, passes = evaluation
-        shown = ", ".join(f"pass@{k} {v:.3f}" for k, v in passes.items())
-        lines.append(f"  {'eval':<12} {shown}  (step {step})")
+    lines += _eval_lines(records, eval_group)
     if s.skipped_updates:
         lines.append(f"  {'non-finite':<12} {s.skipped_updates} update(s) skipped")
     if s.checkpoint_step is None:

@@ -311,9 +311,19 @@ def rl_step(tr: Trainer, step: int) -> dict:
             resampled.verdict_shares,
         )
     batch = build_batch(cfg, tr.task, rollouts, rewards)
-    batch, logp_metrics = behaviour_logprobs(
-        tr.pipeline, step, batch, taken, tr.logprob, tr.state.params, tr.ref_params, timings
-    )
+    if cfg.skips_logprob_pass:
+        # π_old = π: the update takes stop_gradient of its own forward (make_train_step's
+        # on_policy); the placeholder is never read, the per-token entropy is unknown (NaN).
+        batch = dataclasses.replace(
+            batch,
+            old_logp=np.zeros_like(batch.loss_mask),
+            entropy=np.full_like(batch.loss_mask, np.nan),
+        )
+        logp_metrics = {}
+    else:
+        batch, logp_metrics = behaviour_logprobs(
+            tr.pipeline, step, batch, taken, tr.logprob, tr.state.params, tr.ref_params, timings
+        )
     tr.state, result = update(
         cfg, step, batch, tr.train_step, tr.state, timings, tr.consecutive_nonfinite
     )
@@ -378,6 +388,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         batch_size=train_layout.max_rows,
         micro_batches=train_layout.max_micro_batches,
         seed=cfg.train.seed,
+        on_policy=cfg.skips_logprob_pass,
     )
     if cfg.init.checkpoint:
         from dynamo_jax.models.hf_io import load_hf_checkpoint
@@ -531,6 +542,12 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
             )
         if start < cfg.train.steps and _any_process(stop.requested):
             status, reason = Status.INTERRUPTED, f"{stop.signal_name} before the first step"
+        elif start == 0 and cfg.eval.at_start and tr.task.eval_rows:
+            # The base model's numbers, the "before" of the summary's before → after.
+            before: dict = {}
+            with _timed(before, "eval"):
+                before.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, 0))
+            writer.write(0, before, advance=False)
         for step in range(start + 1, cfg.train.steps + 1):
             if status is not Status.FINISHED:
                 break

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face Qwen2/Qwen3 checkpoints for tests (built offline, in milliseconds).
+"""Tiny random Hugging Face Qwen2/Qwen3/Llama checkpoints for tests (built offline, in milliseconds).
 
 Every weight is re-drawn so that no parameter is trivially 0 or 1 (HF initialises biases to 0
 and norm weights to 1, which would hide a swapped or dropped tensor), and scaled so logits are
@@ -30,7 +30,7 @@ def make_tiny_hf_model(
     seed: int = 0,
     **extra,
 ):
-    """A randomised transformers Qwen2ForCausalLM / Qwen3ForCausalLM in float32, eval mode."""
+    """A randomised transformers Qwen2/Qwen3/LlamaForCausalLM in float32, eval mode."""
     common = dict(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -52,6 +52,9 @@ def make_tiny_hf_model(
             raise ValueError("Qwen2 has head_dim = hidden // heads")
         config = transformers.Qwen2Config(**common)
         model_cls = transformers.Qwen2ForCausalLM
+    elif family == "llama":
+        config = transformers.LlamaConfig(head_dim=head_dim or hidden // heads, **common)
+        model_cls = transformers.LlamaForCausalLM
     else:
         raise ValueError(f"unknown family {family!r}")
     # Every weight is overwritten below, so skip transformers' own (slow, at real widths) init.

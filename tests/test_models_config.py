@@ -32,7 +32,10 @@ def test_r1_distill_shapes():
     assert get_preset("r1-distill-qwen-7b").num_params == 7_615_616_512
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2", "qwen3-0.6b", "qwen2.5-math-7b"])
+@pytest.mark.parametrize(
+    "name",
+    ["tiny-qwen3", "tiny-qwen2", "tiny-llama", "qwen3-0.6b", "qwen2.5-math-7b", "smollm2-135m"],
+)
 def test_num_params_equals_sum_of_shapes(name):
     cfg = get_preset(name)
     shapes = param_shapes(cfg)  # eval_shape: no allocation, so 7B is fine here
@@ -44,12 +47,14 @@ def test_family_sets_defaults_and_explicit_head_dim():
     assert (q2.qkv_bias, q2.qk_norm, q2.head_dim) == (True, False, 16)
     q3 = ModelConfig("qwen3", 100, 64, 128, 2, 4, 2, head_dim=32)
     assert (q3.qkv_bias, q3.qk_norm, q3.head_dim) == (False, True, 32)
+    ll = ModelConfig("llama", 100, 64, 128, 2, 4, 2)
+    assert (ll.qkv_bias, ll.qk_norm, ll.head_dim) == (False, False, 16)
 
 
 @pytest.mark.parametrize(
     "changes, field",
     [
-        (dict(family="llama"), "family"),
+        (dict(family="mistral"), "family"),
         (dict(num_kv_heads=3), "num_kv_heads"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(dtype="float16"), "dtype"),
@@ -68,11 +73,12 @@ def test_unknown_preset():
         get_preset("qwen9")
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b", "qwen2.5-math-1.5b", "tiny-qwen2"])
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen2.5-math-1.5b", "tiny-qwen2", "smollm2-135m"])
 def test_hf_config_round_trip_through_transformers(name):
     cfg = get_preset(name)
     hf = transformers.AutoConfig.for_model(**cfg.to_hf_config())
-    assert type(hf).__name__ == ("Qwen3Config" if cfg.family == "qwen3" else "Qwen2Config")
+    names = {"qwen3": "Qwen3Config", "qwen2": "Qwen2Config", "llama": "LlamaConfig"}
+    assert type(hf).__name__ == names[cfg.family]
     back = ModelConfig.from_hf_config(hf.to_dict())
     assert back == cfg.replace(scan_layers=True, remat_policy="none")
 
@@ -89,8 +95,18 @@ def test_from_hf_config_accepts_old_and_new_rope_spelling():
 
 def test_from_hf_config_errors():
     base = get_preset("tiny-qwen2").to_hf_config()
-    with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
-        ModelConfig.from_hf_config({**base, "model_type": "llama"})
+    with pytest.raises(ValueError, match="unsupported model_type 'mistral'"):
+        ModelConfig.from_hf_config({**base, "model_type": "mistral"})
+    llama = get_preset("tiny-llama").to_hf_config()
+    for key in ("attention_bias", "mlp_bias"):
+        with pytest.raises(ValueError, match=key):
+            ModelConfig.from_hf_config({**llama, key: True})
+    with pytest.raises(ValueError, match="rope_type 'llama3'"):
+        ModelConfig.from_hf_config(
+            {**llama, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}
+        )
+    with pytest.raises(ValueError, match="qkv_bias=True"):
+        get_preset("tiny-llama", qkv_bias=True).to_hf_config()
     with pytest.raises(ValueError, match="rope_type 'yarn'"):
         ModelConfig.from_hf_config(
             {**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}

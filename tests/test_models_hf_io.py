@@ -39,12 +39,12 @@ def ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     return {
         (fam, tie): make_tiny_hf_checkpoint(root, fam, tie=tie, seed=2)
-        for fam in ("qwen2", "qwen3")
+        for fam in ("qwen2", "qwen3", "llama")
         for tie in (True, False)
     }
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_import_export_is_value_stable(ckpts, tmp_path, family, tie):
     src = ckpts[(family, tie)]
@@ -63,14 +63,13 @@ def test_import_export_is_value_stable(ckpts, tmp_path, family, tie):
 
 
 def test_export_loads_in_transformers_with_identical_logits(tmp_path):
-    for name in ("tiny-qwen3", "tiny-qwen2"):
+    arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+    for name in ("tiny-qwen3", "tiny-qwen2", "tiny-llama"):
         cfg = get_preset(name)
         params = random_flax_params(cfg, seed=1)
         path = hf_io.save_hf_checkpoint(params, cfg, tmp_path / name)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        assert type(model).__name__ == (
-            "Qwen3ForCausalLM" if cfg.family == "qwen3" else "Qwen2ForCausalLM"
-        )
+        assert type(model).__name__ == arch[cfg.family]
         ours = _logits(params, cfg)
         theirs = hf_logits(model, TOKENS, MASK)
         real = MASK > 0
@@ -166,11 +165,11 @@ def test_error_no_config(tmp_path):
 
 
 def test_error_unsupported_model_type(ckpts, tmp_path):
-    bad = tmp_path / "llama"
+    bad = tmp_path / "mistral"
     bad.mkdir()
     cfg = json.loads((ckpts[("qwen3", True)] / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(ValueError, match="unsupported model_type 'llama'"):
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    with pytest.raises(ValueError, match="unsupported model_type 'mistral'"):
         hf_io.load_hf_checkpoint(bad)
 
 
@@ -317,7 +316,7 @@ def _edited(src, **changes) -> str:
         (lambda src: _edited(src, hidden_size="64"), "hidden_size must be a positive int"),
         (lambda src: _edited(src, num_hidden_layers=-1), "num_layers must be a positive int"),
         (lambda src: _edited(src, rms_norm_eps="small"), "could not convert string to float"),
-        (lambda src: _edited(src, model_type="llama"), "unsupported model_type 'llama'"),
+        (lambda src: _edited(src, model_type="mistral"), "unsupported model_type 'mistral'"),
     ],
     ids=[
         "syntax",
@@ -331,7 +330,7 @@ def _edited(src, **changes) -> str:
         "str-size",
         "negative-layers",
         "str-eps",
-        "llama",
+        "mistral",
     ],
 )
 def test_invalid_config_json_names_the_file(ckpts, tmp_path, make_text, words):

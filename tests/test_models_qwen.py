@@ -28,7 +28,7 @@ def _flax_logits(params, cfg, tokens=TOKENS, mask=MASK):
     return np.asarray(qwen.forward_jit(params, cfg, tokens, qwen.positions_from_mask(mask), mask))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_logits_match_transformers_with_padding(family, tie):
     model = make_tiny_hf_model(family, tie=tie, seed=3)
@@ -51,6 +51,9 @@ def test_logits_match_transformers_with_padding(family, tie):
             "qwen3",
             dict(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936),
         ),
+        # SmolLM2-135M hidden/heads/mlp/vocab (tied, rope 1e5 below is Qwen's; shape is what
+        # matters here), 2 layers.
+        ("llama", dict(hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab=49152)),
     ],
 )
 def test_logits_match_transformers_at_real_widths(family, widths):
@@ -277,7 +280,10 @@ def test_attention_impls_give_the_same_gradients():
     ref = grads(base)
     got = grads(base.replace(attention_impl="xla"))
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ref)) > 1e-3
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), ref, got)
+    # The two sum the softmax and its gradient in different float32 orders; with weights scaled
+    # ×10 a handful of elements differ by ~2e-5 relative. Tolerance: 1e-5 of each leaf's scale.
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.abs(a).max()), rtol=1e-5)
 
 
 def test_attention_impl_names_match_the_config_and_cudnn_needs_bf16():

@@ -129,3 +129,27 @@ def test_the_printed_block_says_why_a_run_stopped():
     )
     assert text.splitlines()[1:3] == ["  no steps recorded", "  checkpoint   none written"]
     assert "export" not in text
+
+
+def test_before_and_after_when_the_base_model_was_evaluated():
+    """eval.at_start writes step 0; the summary then shows before → after overall, per group
+    (difficulty level) and greedy."""
+    records = [
+        {"step": 0, "eval/overall/pass@1": 0.2, "eval/overall/pass@8": 0.5,
+         "eval/add1/pass@1": 0.4, "eval/add1/pass@8": 0.9, "eval/word/pass@1": 0.1,
+         "eval/word/pass@8": 0.3, "eval_greedy/overall/pass@1": 0.25},
+        *_records(20),
+        {"step": 20, "reward/mean": 0.2, "eval/overall/pass@1": 0.35, "eval/overall/pass@8": 0.6,
+         "eval/add1/pass@1": 0.6, "eval/add1/pass@8": 0.95, "eval/word/pass@1": 0.2,
+         "eval/word/pass@8": 0.4, "eval_greedy/overall/pass@1": 0.45},
+    ]  # fmt: skip
+    text = format_summary(_summary(), records, "overall")
+    assert "  eval         pass@1 0.200 → 0.350, pass@8 0.500 → 0.600  (step 0 → 20)" in text
+    assert "    add1       pass@1 0.400 → 0.600, pass@8 0.900 → 0.950" in text
+    assert "    word       pass@1 0.100 → 0.200, pass@8 0.300 → 0.400" in text
+    assert "  greedy       accuracy 0.250 → 0.450" in text
+    # No step-0 evaluation (an earlier one at step 10 is not "before"): the last one only.
+    for others in ([], [{"step": 10, "eval/overall/pass@1": 0.3, "eval/overall/pass@8": 0.5}]):
+        text = format_summary(_summary(), others + records[1:], "overall")
+        assert "  eval         pass@1 0.350, pass@8 0.600  (step 20)" in text
+        assert "→ 0.350" not in text

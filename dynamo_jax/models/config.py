@@ -1,8 +1,8 @@
 """The model's shape and numerics, as one frozen, validated dataclass.
 
-One decoder covers Qwen2/Qwen2.5 and Qwen3; the family only sets defaults for the two switches
-that differ between them (`qkv_bias`, `qk_norm`), so the model code never branches on a family
-name. `from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict.
+One decoder covers Qwen2/Qwen2.5, Qwen3 and Llama; the family only sets defaults for the two
+switches that differ between them (`qkv_bias`, `qk_norm`), so the model code never branches on a
+family name. `from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-FAMILIES = ("qwen2", "qwen3")
+FAMILIES = ("qwen2", "qwen3", "llama")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = (
     "none",
@@ -22,17 +22,23 @@ REMAT_POLICIES = (
 # How the masked attention is computed (models/qwen.py ATTENTION_IMPLS, same names).
 ATTENTION_IMPLS = ("matmul", "xla", "cudnn", "blockwise", "pallas")
 
-# Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse.
+# Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse; Llama has neither
+# (its optional `attention_bias` also biases o_proj, which this decoder lacks: refused on import).
 _FAMILY_DEFAULTS = {
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
+    "llama": dict(qkv_bias=False, qk_norm=False),
 }
-_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a Qwen2/Qwen3 decoder.
+    """Shape and numerics of a Qwen2/Qwen3/Llama decoder.
 
     `head_dim` defaults to hidden_size // num_heads (Qwen2); Qwen3 sets it explicitly and it may
     differ. `qkv_bias` / `qk_norm` default from `family`. `dtype` is the compute dtype, params are
@@ -182,6 +188,12 @@ class ModelConfig:
         )
         if model_type == "qwen3":
             fields["qkv_bias"] = bool(hf.get("attention_bias", False))
+        if model_type == "llama":
+            for key in ("attention_bias", "mlp_bias"):
+                if hf.get(key, False):
+                    raise ValueError(f"config.json sets {key}=true, which is not supported")
+            if hf.get("pretraining_tp", 1) != 1:
+                raise ValueError("config.json sets pretraining_tp != 1, which is not supported")
         fields.update(overrides)
         return cls(**fields)
 
@@ -190,6 +202,10 @@ class ModelConfig:
         if self.family == "qwen2" and not self.qkv_bias:
             raise ValueError(
                 "Qwen2 checkpoints always carry q/k/v biases; qkv_bias=False cannot be exported"
+            )
+        if self.family == "llama" and self.qkv_bias:
+            raise ValueError(
+                "Llama checkpoints have no q/k/v-only biases; qkv_bias=True cannot be exported"
             )
         if self.qk_norm != (self.family == "qwen3"):
             raise ValueError(
@@ -220,6 +236,9 @@ class ModelConfig:
         }
         if self.family == "qwen3":
             hf["attention_bias"] = bool(self.qkv_bias)
+        if self.family == "llama":
+            hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+            del hf["use_sliding_window"]
         return hf
 
 

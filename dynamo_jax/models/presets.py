@@ -1,4 +1,5 @@
-"""Named model shapes: the published Qwen checkpoints used by DynaMO/E3, and tiny CPU models.
+"""Named model shapes: the published Qwen checkpoints used by DynaMO/E3, SmolLM2-135M (Llama), and
+tiny CPU models.
 
 The full-size entries copy the official `config.json` shapes (hidden/intermediate sizes, layer and
 head counts, vocab, RoPE base, RMSNorm epsilon, tying); `PUBLISHED_NUM_PARAMS` holds the counts
@@ -27,6 +28,11 @@ def _qwen3(**kw: Any) -> ModelConfig:
         rms_norm_eps=1e-6,
         max_position_embeddings=40960,
     )
+    return ModelConfig(**{**base, **kw})
+
+
+def _llama(**kw: Any) -> ModelConfig:
+    base = dict(family="llama", rms_norm_eps=1e-5)
     return ModelConfig(**{**base, **kw})
 
 
@@ -99,6 +105,18 @@ PRESETS: dict[str, ModelConfig] = {
         num_heads=40,
         tie_word_embeddings=False,
     ),
+    # HuggingFaceTB/SmolLM2-135M(-Instruct): the real model configs/smollm2_arith.py trains.
+    "smollm2-135m": _llama(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
     # Tiny models for tests and the CPU default. vocab 512 leaves room for a small BPE tokenizer
     # plus the chat special tokens; head_dim 32 differs from hidden/heads (64/4 = 16) in Qwen3
     # on purpose, as in the real Qwen3 models.
@@ -123,6 +141,17 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=2,
         rope_theta=10000.0,
         tie_word_embeddings=False,
+        max_position_embeddings=2048,
+    ),
+    "tiny-llama": _llama(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
         max_position_embeddings=2048,
     ),
     # A little larger, still CPU-friendly: for short end-to-end runs that should learn something.
@@ -150,6 +179,7 @@ PUBLISHED_NUM_PARAMS: dict[str, int] = {
     "qwen3-1.7b": 2_031_739_904,
     "qwen3-8b": 8_190_735_360,
     "qwen3-14b": 14_768_307_200,
+    "smollm2-135m": 134_515_008,
 }
 
 

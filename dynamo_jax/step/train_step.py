@@ -115,13 +115,18 @@ def token_noise(key: Array, sequence_index_BxL: Array, position_BxL: Array) -> A
     return jax.vmap(jax.vmap(draw))(sequence_index_BxL, position_BxL)
 
 
-def _token_batch(rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | None) -> TokenBatch:
+def _token_batch(
+    rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | None, on_policy: bool = False
+) -> TokenBatch:
     adv = rows["advantages"]
     if adv.ndim == 1:  # one advantage per sequence: broadcast over its tokens
         adv = jnp.broadcast_to(adv[:, None], logp.shape)
+    # On-policy with one update per batch, π_old IS the current π: stop_gradient(log π) gives
+    # the ratio 1 and the same gradient as log-probs from a separate pass, without that pass.
+    old_logp = lax.stop_gradient(logp) if on_policy else rows["old_logp"]
     return TokenBatch(
         logp=logp,
-        old_logp=rows["old_logp"],
+        old_logp=old_logp,
         ent=ent,
         adv=adv,
         mask=rows["loss_mask"],
@@ -151,16 +156,19 @@ def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> Tr
     )
 
 
-def _make_compute_grads(forward, loss_cfg: LossConfig, micro_rows: int, row_sh, params_sh):
+def _make_compute_grads(
+    forward, loss_cfg: LossConfig, micro_rows: int, row_sh, params_sh, on_policy: bool = False
+):
     """`compute(params, rows, temperature) -> (loss, metrics, grads)` for the whole mini-batch.
 
     `forward(params, batch) -> (logp, ent, k)` is `token_stats` bound to the model and mesh.
+    `on_policy`: π_old = stop_gradient(π) (`_token_batch`); rows["old_logp"] is not read.
     """
     loss_fn = build_loss_fn(loss_cfg)
 
     def objective(params, rows, temperature, stats):
         logp, ent, k = forward(params, {**rows, "temperature": temperature})
-        tokens = _token_batch(rows, logp, ent, k)
+        tokens = _token_batch(rows, logp, ent, k, on_policy)
         if stats is None:  # single micro-batch: the mini-batch statistics of this very forward
             stats = minibatch_stats(tokens, loss_cfg)
         return loss_fn(tokens, stats)
@@ -184,7 +192,7 @@ def _make_compute_grads(forward, loss_cfg: LossConfig, micro_rows: int, row_sh, 
         _, (logp, ent, k) = lax.scan(forward_only, None, micro)
         k = None if k is None else unsplit_micro(k)
         stats = minibatch_stats(
-            _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k), loss_cfg
+            _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k, on_policy), loss_cfg
         )
         aux_shape = jax.eval_shape(lambda mb: grad_fn(params, mb, temperature, stats)[0], first)
         no_aux = jax.tree.map(jnp.zeros_like, aux_shape)
@@ -225,6 +233,7 @@ def make_train_step(
     micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
     seed: int = 0,
+    on_policy: bool = False,
 ) -> TrainStep:
     """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
 
@@ -237,6 +246,9 @@ def make_train_step(
     mean/min/max, tokens, ...) plus `grad_norm` (before clipping) and `update_skipped`.
     `loss_cfg.logits_residual` picks what the log-prob backward keeps (losses/logprobs.py):
     the default recomputes logits; "store_bf16"/"store_fp32" keep V·2 / V·4 bytes per token.
+    `on_policy`: the batch was sampled by these very parameters and this is its only update, so
+    π_old = stop_gradient(π) of this step's own forward and the batch's `old_logp` is ignored
+    (the caller skips the log-prob pass that would have computed it; same gradient, tested).
     """
     if micro_batches < 1 or batch_size % micro_batches:
         raise ValueError(
@@ -257,7 +269,9 @@ def make_train_step(
         logits_residual=loss_cfg.logits_residual,
     )
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
-    compute_grads = _make_compute_grads(forward, loss_cfg, micro_rows, row_sh, state_sh.params)
+    compute_grads = _make_compute_grads(
+        forward, loss_cfg, micro_rows, row_sh, state_sh.params, on_policy
+    )
 
     variant = registry.get(loss_cfg.baseline)
     noise_key = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)

