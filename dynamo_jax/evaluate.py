@@ -274,31 +274,18 @@ def evaluate_in_loop(engine: RolloutEngine, task: Task, cfg: RunConfig, step: in
         stop_token_ids=task.stop_token_ids,
         seed=step_seed(cfg.train.seed, step, EVAL),
     )
-    report = evaluate(
-        engine,
-        rows,
-        prompts,
-        scorer=task.scorer,
-        decode=task.decode,
-        sampling=sampling,
-        n_samples=cfg.eval.n_samples,
-        ks=cfg.eval.ks,
-    )
-    out = metrics(report)
+
+    def run(params: SamplingParams, n_samples: int, ks) -> EvalReport:
+        return evaluate(
+            engine, rows, prompts, scorer=task.scorer, decode=task.decode,
+            sampling=params, n_samples=n_samples, ks=ks,
+        )  # fmt: skip
+
+    out = metrics(run(sampling, cfg.eval.n_samples, cfg.eval.ks))
     out["eval/pass@1"] = out.get(f"eval/{OVERALL}/pass@1", float("nan"))
     if cfg.eval.greedy:  # accuracy of the most likely answer: one sample at T = 0
         greedy = dataclasses.replace(sampling, temperature=0.0)
-        report = evaluate(
-            engine,
-            rows,
-            prompts,
-            scorer=task.scorer,
-            decode=task.decode,
-            sampling=greedy,
-            n_samples=1,
-            ks=(1,),
-        )
-        out.update(metrics(report, prefix=GREEDY))
+        out.update(metrics(run(greedy, 1, (1,)), prefix=GREEDY))
     return out
 
 
