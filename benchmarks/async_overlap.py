@@ -41,7 +41,7 @@ def run(workdir: Path, init: str, python: str, staleness: int, args) -> list[dic
     from configs import tiny
     from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
-    from dynamo_jax.metrics import read_metrics
+    from dynamo_jax.reporting.metrics import read_metrics
 
     config = tiny.get_config("method=grpo")
     config.init.checkpoint = init

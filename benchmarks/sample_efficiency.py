@@ -122,7 +122,7 @@ def run_one(
     from configs import tiny
     from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
-    from dynamo_jax.metrics import read_metrics
+    from dynamo_jax.reporting.metrics import read_metrics
 
     t0 = time.perf_counter()
     method, _, agg = method.partition("@")

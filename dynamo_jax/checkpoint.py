@@ -36,7 +36,7 @@ saves that step). A writable checkpointer moves such steps aside before it opens
 a read-only one leaves them and skips them. The step recorded in `meta` must equal the step's
 name: a whole step copied or renamed to another number is damage too. Library log records
 (orbax's asynchronous tracebacks) go to the log file given (the workdir's run.log), not the
-console, while steps are read (runlog.py).
+console, while steps are read (reporting/runlog.py).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dynamo_jax import runlog
 from dynamo_jax.errors import CheckpointError
+from dynamo_jax.reporting import runlog
 from dynamo_jax.sharding import multihost
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,8 @@ class Checkpointer:
     """orbax CheckpointManager with the run's items, checksums and a damaged-step fallback.
 
     `read_only` opens an existing directory for reading (export, evaluation): nothing is created,
-    deleted or moved. `log_file`: where library detail goes while steps are read (runlog.py)."""
+    deleted or moved. `log_file`: where library detail goes while steps are read
+    (reporting/runlog.py)."""
 
     def __init__(
         self,

@@ -20,8 +20,8 @@ from dynamo_jax.checkpoint import CheckpointConfig
 from dynamo_jax.data.config import DataConfig
 from dynamo_jax.errors import ConfigError
 from dynamo_jax.losses.config import LossConfig
-from dynamo_jax.metrics import LoggingConfig
 from dynamo_jax.models.config import ModelConfig
+from dynamo_jax.reporting.metrics import LoggingConfig
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rollout.config import JaxEngineConfig, RolloutConfig
 from dynamo_jax.sharding.mesh import MeshConfig

@@ -22,7 +22,7 @@ from dynamo_jax import batching
 from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.config import RunConfig
 from dynamo_jax.data.packing import RowLayout
-from dynamo_jax.report import timed as _timed
+from dynamo_jax.reporting.report import timed as _timed
 from dynamo_jax.rollout.pipeline import RolloutPipeline, TakenBatch
 from dynamo_jax.sharding import multihost
 from dynamo_jax.step.forward import LogprobFn

@@ -84,9 +84,10 @@ from dynamo_jax.logprob_pass import (
     row_shards,
 )
 from dynamo_jax.losses.advantages import sequence_advantages
-from dynamo_jax.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
-from dynamo_jax.report import UpdateResult, entropy_mean, step_metrics
-from dynamo_jax.report import timed as _timed
+from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
+from dynamo_jax.reporting.report import UpdateResult, entropy_mean, step_metrics
+from dynamo_jax.reporting.report import timed as _timed
+from dynamo_jax.reporting.summary import RunSummary, Status, format_summary
 from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
 from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline
@@ -101,7 +102,6 @@ from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
 from dynamo_jax.stop import StopRequest
-from dynamo_jax.summary import RunSummary, Status, format_summary
 
 log = logging.getLogger(__name__)
 
@@ -593,7 +593,7 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
         tr.task.close()
         plots = cfg.logging.plots_at_end and primary and start >= 0 and status is not Status.FAILED
         if plots:
-            from dynamo_jax.plots import write_plots
+            from dynamo_jax.reporting.plots import write_plots
 
             write_plots(workdir)
         summary = RunSummary(

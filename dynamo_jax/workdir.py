@@ -44,7 +44,8 @@ from dynamo_jax.sharding import multihost
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-LOG = "run.log"  # library detail kept off the console (runlog.py), e.g. orbax's tracebacks
+# library detail kept off the console (reporting/runlog.py), e.g. orbax's tracebacks
+LOG = "run.log"
 # What a run writes into its workdir (moved, never deleted, by `move_previous_run`).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "plots", "config.json")
 

@@ -32,9 +32,9 @@ from dynamo_jax import batching, train
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.errors import CheckpointError
-from dynamo_jax.metrics import read_metrics
+from dynamo_jax.reporting.metrics import read_metrics
+from dynamo_jax.reporting.summary import Status
 from dynamo_jax.rollout.protocol import Completion
-from dynamo_jax.summary import Status
 
 # ----------------------------------------------------------------------------- learning
 

@@ -25,7 +25,7 @@ from helpers.train_runs import (  # the helpers of the synchronous tests
 from configs import tiny
 from dynamo_jax import train
 from dynamo_jax.config import from_config_dict
-from dynamo_jax.metrics import read_metrics
+from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.rollout.jax_engine import JaxEngine
 
 

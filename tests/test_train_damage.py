@@ -18,8 +18,8 @@ from helpers.train_runs import LAUNCH_ARGS, ROOT, _assert_same_tree, _determinis
 from dynamo_jax import train
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
-from dynamo_jax.metrics import read_metrics
-from dynamo_jax.summary import Status
+from dynamo_jax.reporting.metrics import read_metrics
+from dynamo_jax.reporting.summary import Status
 
 
 def _data_file(step):

@@ -22,7 +22,7 @@ from processes import communicate_all
 from configs import tiny
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, abstract_like
 from dynamo_jax.config import from_config_dict
-from dynamo_jax.metrics import read_metrics
+from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.step.optimizer import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,8 +3,13 @@
 import numpy as np
 import pytest
 
-from dynamo_jax import plots
-from dynamo_jax.metrics import LoggingConfig, MetricsWriter, read_metrics, truncate_metrics
+from dynamo_jax.reporting import plots
+from dynamo_jax.reporting.metrics import (
+    LoggingConfig,
+    MetricsWriter,
+    read_metrics,
+    truncate_metrics,
+)
 
 
 def _write_run(workdir, steps=range(1, 11), **cfg):

@@ -6,7 +6,7 @@ import numpy as np
 from dynamo_jax import batching
 from dynamo_jax.allocation import AllocationResult
 from dynamo_jax.batching import RolloutBatch
-from dynamo_jax.report import UpdateResult, step_metrics
+from dynamo_jax.reporting.report import UpdateResult, step_metrics
 from dynamo_jax.rollout.protocol import Completion
 
 

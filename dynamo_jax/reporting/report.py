@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dynamo_jax.allocation import AllocationResult
-from dynamo_jax.batching import RolloutBatch
+
+if TYPE_CHECKING:  # the loop's batch type, for annotations only: reporting sits below the loop
+    from dynamo_jax.batching import RolloutBatch
 
 
 @contextlib.contextmanager

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from dynamo_jax.summary import RunSummary, Status, format_summary, last_eval, reward_first_last
+from dynamo_jax.reporting.summary import (
+    RunSummary,
+    Status,
+    format_summary,
+    last_eval,
+    reward_first_last,
+)
 
 
 def _records(n):

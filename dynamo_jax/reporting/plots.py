@@ -1,6 +1,6 @@
 """PNG plots of a run from its metrics.jsonl: reward, entropy, temperature, allocation over time.
 
-    python -m dynamo_jax.plots WORKDIR [--out DIR]
+    python -m dynamo_jax.reporting.plots WORKDIR [--out DIR]
 
 Written at the end of a run (into WORKDIR/plots) and on demand from a running or finished
 workdir. Uses matplotlib's Agg backend, so it works without a display.
@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dynamo_jax.metrics import read_metrics  # noqa: E402
+from dynamo_jax.reporting.metrics import read_metrics  # noqa: E402
 
 # (file name, title, [(metric key, legend label)])
 _LINE_PLOTS = (
