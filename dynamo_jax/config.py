@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from dynamo_jax.allocation.config import AllocationConfig, TemperatureConfig
+from dynamo_jax.allocation.config import AllocationConfig
 from dynamo_jax.checkpoint import CheckpointConfig
 from dynamo_jax.data.config import DataConfig
 from dynamo_jax.errors import ConfigError
@@ -25,6 +25,7 @@ from dynamo_jax.reporting.metrics import LoggingConfig
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rollout.config import JaxEngineConfig, RolloutConfig
 from dynamo_jax.sharding.mesh import MeshConfig
+from dynamo_jax.temperature.config import TemperatureConfig
 
 LR_SCHEDULES = ("constant", "cosine")
 OLD_LOGP_SOURCES = ("trainer", "engine")

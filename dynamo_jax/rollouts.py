@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from dynamo_jax import batching, dynamic_sampling, tasks
-from dynamo_jax.allocation import AllocationResult, PromptHistory, TemperatureScheduler
+from dynamo_jax.allocation import AllocationResult, PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.reporting.report import timed
 from dynamo_jax.rollout.pipeline import BatchPlan, RolloutPipeline, TakenBatch, check_versions
 from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
 from dynamo_jax.seeds import ROLLOUT, step_seed
+from dynamo_jax.temperature import TemperatureScheduler
 
 
 @dataclasses.dataclass(frozen=True)

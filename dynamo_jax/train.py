@@ -70,7 +70,6 @@ from dynamo_jax import batching, evaluate, tasks
 from dynamo_jax import workdir as run_dir
 from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
-from dynamo_jax.allocation.temperature import TemperatureScheduler
 from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
@@ -102,6 +101,7 @@ from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
 from dynamo_jax.stop import StopRequest
+from dynamo_jax.temperature import TemperatureScheduler
 
 log = logging.getLogger(__name__)
 

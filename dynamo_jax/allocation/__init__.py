@@ -1,8 +1,8 @@
 """Rollout allocation (uniform, DynaMO water-level with its options (docs/algorithm.md#allocation-variants), DynaMO as the authors'
-script runs it, the DynaMO recipe's other heuristic, E3 rank) and the sampling-temperature
-scheduler (fixed or E3), with the per-prompt history they run on."""
+script runs it, the DynaMO recipe's other heuristic, E3 rank), with the per-prompt history it
+runs on. The sampling temperature has its own package, dynamo_jax/temperature/."""
 
-from dynamo_jax.allocation.config import AllocationConfig, TemperatureConfig
+from dynamo_jax.allocation.config import AllocationConfig
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.allocation.policies import (
     AllocationResult,
@@ -10,15 +10,12 @@ from dynamo_jax.allocation.policies import (
     make_allocator,
     make_history,
 )
-from dynamo_jax.allocation.temperature import TemperatureScheduler
 
 __all__ = [
     "AllocationConfig",
     "AllocationResult",
     "Allocator",
     "PromptHistory",
-    "TemperatureConfig",
-    "TemperatureScheduler",
     "make_allocator",
     "make_history",
 ]

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from dynamo_jax.allocation import TemperatureConfig, TemperatureScheduler
+from dynamo_jax.temperature import TemperatureConfig, TemperatureScheduler
 
 V = 512
 

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from dynamo_jax.allocation.config import TemperatureConfig
+from dynamo_jax.temperature.config import TemperatureConfig
 
 
 class TemperatureScheduler:
