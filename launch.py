@@ -54,8 +54,8 @@ def main(argv) -> int:
         # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
         absl_logging.set_verbosity(absl_logging.WARNING)
     with cli.known_errors(debug=_DEBUG.value):
-        from dynamo_jax import train
         from dynamo_jax.config import from_config_dict
+        from dynamo_jax.loop import train
 
         # The whole config is validated before the job is joined or anything is written.
         run_config = from_config_dict(cli.load_config(flags.FLAGS["config"]))

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 def run(workdir: Path, init: str, python: str, staleness: int, args) -> list[dict]:
     from configs import tiny
-    from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
+    from dynamo_jax.loop import train
     from dynamo_jax.reporting.metrics import read_metrics
 
     config = tiny.get_config("method=grpo")

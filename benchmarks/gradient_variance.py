@@ -20,8 +20,8 @@ How it is measured:
   epoch-end hook (E3 is then at its run's bounds [4, 12], the released heuristic has its
   per-epoch priority). The allocation n_i is a deterministic function of that history.
 - Gradient: each draw samples n_i fresh rollouts per prompt at T = 1 and runs the training
-  loop's own stages on them (`rollouts.score`, `train.build_batch`,
-  `logprob_pass.old_logprobs`, `train.update`) with
+  loop's own stages on them (`generate.score`, `train.build_batch`,
+  `behaviour_pass.old_logprobs`, `train.update`) with
   the whole batch as one mini-batch (one update: the loss over all B rows), the loss of
   `--loss_method`'s config (GRPO's plain clipped surrogate by default, the policy's own run).
   The optimizer is `capture_gradient()`: zero updates, the incoming gradient kept as its
@@ -308,19 +308,19 @@ class Pipeline:
 
     def _layouts(self, cfg):
         """The (update, log-prob pass) row layouts train.build_trainer gives this config."""
-        from dynamo_jax.logprob_pass import row_layouts
+        from dynamo_jax.loop.behaviour_pass import row_layouts
         from dynamo_jax.step.forward import data_shards
 
         return row_layouts(cfg, data_shards(self.mesh, cfg.mesh.rules))
 
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""
-        from dynamo_jax import batching, logprob_pass, rollouts, train
+        from dynamo_jax.loop import assemble, behaviour_pass, generate, train
 
         shape = self._shape(prompts, n_avg, with_step)
         timings: dict = {}
-        rewards, _ = rollouts.score(self.task, completions, shape.cfg.budget, timings)
-        drawn = rollouts.Rollouts(
+        rewards, _ = generate.score(self.task, completions, shape.cfg.budget, timings)
+        drawn = generate.Rollouts(
             rows=np.zeros(0, np.int64),
             epoch_end=False,
             allocation=None,
@@ -328,8 +328,8 @@ class Pipeline:
             temperature=self.temperature,
         )
         batch = train.build_batch(shape.cfg, self.task, drawn, rewards)
-        batch = logprob_pass.old_logprobs(batch, shape.logprob, self.params, None, timings)
-        groups = batching.group_stats(
+        batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None, timings)
+        groups = assemble.group_stats(
             batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
         )
         return shape, batch, groups
@@ -340,7 +340,7 @@ class Pipeline:
         import jax
         from jax.flatten_util import ravel_pytree
 
-        from dynamo_jax import train
+        from dynamo_jax.loop import train
 
         shape, batch, groups = self.batch(completions, prompts, n_avg, with_step=True)
         state, result = train.update(shape.cfg, 0, batch, shape.step, shape.state, {})
@@ -376,8 +376,8 @@ def policy_params(task: str, stage: int, stages: list[int], seed: int, workdir: 
     """The parameters of GRPO's run (configs/tiny.py:method=grpo, `seed`) after `stage` steps."""
     import jax
 
-    from dynamo_jax import train
     from dynamo_jax.export import restore_params
+    from dynamo_jax.loop import train
     from dynamo_jax.models.qwen import init_params
 
     cfg = tiny_config(task, "grpo", seed)

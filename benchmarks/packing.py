@@ -5,7 +5,7 @@
     python benchmarks/packing.py --shapes_only         # rows and padding of the papers' shapes
 
 Both sides run the trainer's own code on the same model, parameters and sequences: the
-sequences are laid into rows by `batching.layout_rows` (data/packing.py), then one optimizer
+sequences are laid into rows by `assemble.layout_rows` (data/packing.py), then one optimizer
 update (`step.train_step.make_train_step`: DynaMO loss with exact K, AdamW, fp32) and one
 old-log-prob pass (`step.forward.make_logprob_fn`) run on them. Padded = one sequence per row of
 max_seq_len slots (`train.packing=False`); packed = several whole sequences per row of the same
@@ -58,7 +58,7 @@ def sample_lengths(rng, n: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
 
 def rollout_batch(rng, prompt, response, max_len: int, vocab: int):
     """A RolloutBatch of random tokens with these lengths (advantages ±1, old log-probs −ln V)."""
-    from dynamo_jax.batching import RolloutBatch
+    from dynamo_jax.loop.assemble import RolloutBatch
 
     n = len(prompt)
     slots = np.arange(max_len)[None]
@@ -121,8 +121,8 @@ def measure(args, layers: int) -> dict:
     import jax
     import optax
 
-    from dynamo_jax import batching
     from dynamo_jax.data.packing import RowLayout
+    from dynamo_jax.loop import assemble
     from dynamo_jax.losses.config import LossConfig
     from dynamo_jax.models.presets import get_preset
     from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
@@ -164,10 +164,10 @@ def measure(args, layers: int) -> dict:
     state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
     train_in, logprob_in, logprob = {}, {}, {}
     for name, layout in layouts.items():
-        rows, plan = batching.layout_rows(batch, np.arange(n), layout, tuple(batch_sh))
+        rows, plan = assemble.layout_rows(batch, np.arange(n), layout, tuple(batch_sh))
         train_in[name] = jax.device_put(rows, batch_sh)
         logprob[name] = make_logprob_fn(cfg, mesh, mesh_cfg.rules, layout)
-        rows, _ = batching.layout_rows(
+        rows, _ = assemble.layout_rows(
             batch, np.arange(n), layout, tuple(logprob[name].batch_shardings)
         )
         logprob_in[name] = jax.device_put(rows, logprob[name].batch_shardings)

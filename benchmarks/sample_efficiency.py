@@ -120,8 +120,8 @@ def run_one(
     """One tiny run; `init`: an HF directory to start from instead of a random initialisation."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from configs import tiny
-    from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
+    from dynamo_jax.loop import train
     from dynamo_jax.reporting.metrics import read_metrics
 
     t0 = time.perf_counter()

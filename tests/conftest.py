@@ -60,8 +60,8 @@ def finished_run(tmp_path_factory):
     """(config, workdir) of a finished 6-step run with checkpoints at steps 3 and 6."""
     from helpers.train_runs import _short_config
 
-    from dynamo_jax import train
     from dynamo_jax.config import from_config_dict
+    from dynamo_jax.loop import train
 
     workdir = tmp_path_factory.mktemp("finished") / "run"
     config = _short_config(method="grpo", steps=6, every=3)

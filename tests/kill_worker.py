@@ -1,5 +1,5 @@
 """`launch.py` with a recorded timeline and a planned SIGKILL: the child of the kill -9 harness
-(test_train.py::test_kill_9_at_random_moments_then_resume_is_bit_identical).
+(test_loop_train.py::test_kill_9_at_random_moments_then_resume_is_bit_identical).
 
     python tests/kill_worker.py TIMELINE KILL LAUNCH_ARGS...
     KILL_WORKER_RAISE=SidecarError:2 python tests/kill_worker.py ...   (a fault, not a kill)
@@ -31,8 +31,8 @@ def install(timeline: Path, kill: str, patch=None) -> None:
     """Wrap train.rl_step and Checkpointer.save/close to record events (and arm the kill).
 
     `patch(obj, name, value)` sets the wrappers (pytest's monkeypatch.setattr in a test)."""
-    from dynamo_jax import train
     from dynamo_jax.checkpoint import Checkpointer
+    from dynamo_jax.loop import train
 
     patch = patch or setattr
     planned = None if kill == "none" else kill.rsplit(":", 2)

@@ -1,5 +1,5 @@
 """launch.py's handling of bad input: one or two plain lines, exit status 2, nothing created.
-(Exit status 1 of a run that stops early: test_train.py, which shares its compilation cache.)"""
+(Exit status 1 of a run that stops early: test_loop_train.py, which shares its compilation cache.)"""
 
 import re
 import subprocess

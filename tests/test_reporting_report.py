@@ -3,15 +3,15 @@ batch, the log-prob metrics as given; hand-worked numbers."""
 
 import numpy as np
 
-from dynamo_jax import batching
 from dynamo_jax.allocation import AllocationResult
-from dynamo_jax.batching import RolloutBatch
+from dynamo_jax.loop import assemble
+from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.reporting.report import UpdateResult, step_metrics
 from dynamo_jax.rollout.protocol import Completion
 
 
 def _batch(completions, rewards, rows=4):
-    arrays = batching.pack_rollouts({1: (5, 6), 2: (7,)}, completions, rows=rows, seq_len=6)
+    arrays = assemble.pack_rollouts({1: (5, 6), 2: (7,)}, completions, rows=rows, seq_len=6)
     padded = np.zeros(rows, np.float32)
     padded[: len(rewards)] = rewards
     entropy = np.full((rows, 6), 0.5, np.float32)
@@ -49,7 +49,7 @@ def test_rewards_describe_every_generated_group_and_responses_the_trained_batch(
     # Generated: prompt 1 twice (rewards 1, 0) and prompt 2 twice (0, 0); reward mean 1/4,
     # per-prompt means 1/2 and 0 → 1/4, one of two groups has no variance. Trained: prompt 1's two
     # responses of 2 and 3 tokens, one stopped.
-    groups = batching.group_stats(
+    groups = assemble.group_stats(
         np.array([1, 1, 2, 2]), np.array([1, 0, 0, 0], np.float32), np.ones(4, bool)
     )
     batch = _batch([_completion(1, 2), _completion(1, 3, "length")], [1, 0])
@@ -65,7 +65,7 @@ def test_rewards_describe_every_generated_group_and_responses_the_trained_batch(
 
 def test_a_batch_without_rows_reports_zeros_not_nan():
     """Dynamic sampling at its round limit may keep no group: the batch is all padding."""
-    groups = batching.group_stats(np.array([1, 1]), np.array([0, 0], np.float32), np.ones(2, bool))
+    groups = assemble.group_stats(np.array([1, 1]), np.array([0, 0], np.float32), np.ones(2, bool))
     m = _metrics(_batch([], []), groups, np.zeros(2, np.float32))
     assert m["response/len_mean"] == 0.0 and m["response/stop_share"] == 0.0
     assert m["perf/response_tokens"] == 0 and m["reward/zero_var_groups"] == 1.0

@@ -124,7 +124,7 @@ import launch
 from absl import app
 import types
 from jax._src import xla_bridge
-from dynamo_jax import train
+from dynamo_jax.loop import train
 
 def run(cfg, workdir, **kwargs):
     # What train.run would start JAX with.

@@ -99,7 +99,7 @@ def test_single_process_feeds_the_whole_batch():
 
 def test_host_copies_to_global_arrays_and_back():
     """The whole-batch helpers the training loop uses; the two-process paths run in
-    tests/test_train_multihost.py (the loop) and in the test below (the step)."""
+    tests/test_loop_train_multihost.py (the loop) and in the test below (the step)."""
     mesh = build_mesh(MeshConfig(shape=(1, 4, 2)))
     assert not is_multiprocess(mesh) and not is_multiprocess(replicated(mesh))
     rows = batch_sharding(mesh, DEFAULT_RULES, batch_size=8, ndim=2)

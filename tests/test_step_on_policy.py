@@ -1,6 +1,6 @@
 """On-policy updates without the log-prob pass: π_old = stop_gradient(π) gives the same step.
 
-The reference is the loop's path with the pass: log π_old from `logprob_pass.old_logprobs` (the
+The reference is the loop's path with the pass: log π_old from `behaviour_pass.old_logprobs` (the
 trainer's own forward over the batch in the log-prob layout), then the update. The on-policy
 step ignores the batch's `old_logp` (garbage here) and must give the same gradient, loss and
 metrics, for the plain clipped surrogate and for DynaMO's modulated loss, in one micro-batch
@@ -21,8 +21,8 @@ from test_step_train_step import (
     sub_mesh,
 )
 
-from dynamo_jax import batching, logprob_pass
 from dynamo_jax.config import from_config_dict
+from dynamo_jax.loop import assemble, behaviour_pass
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import init_params
@@ -57,7 +57,7 @@ def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):
         micro_batches=layout.max_micro_batches,
         on_policy=on_policy,
     )
-    rows, _ = batching.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    rows, _ = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     return {k: float(v) for k, v in metrics.items()}, new_state.opt_state
@@ -71,7 +71,7 @@ def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
     loss_cfg = LossConfig.preset(loss)
     # With the pass: π_old from the trainer's forward over the batch (what train.py does).
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    with_pass = logprob_pass.old_logprobs(rollouts, logprob, params, None, {})
+    with_pass = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {})
     ref_m, ref_g = _step(cfg, params, with_pass, layout, loss_cfg, on_policy=False)
     # Without: old_logp is garbage and must not matter.
     garbage = dataclasses.replace(

@@ -19,9 +19,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from dynamo_jax import batching, logprob_pass
-from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.data.packing import RowLayout
+from dynamo_jax.loop import assemble, behaviour_pass
+from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.losses import LossConfig, TokenBatch, build_loss_fn, minibatch_stats
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
@@ -391,7 +391,7 @@ def _layout_step(cfg, params, rollouts, layout, loss_cfg, mesh_shape):
         batch_size=layout.max_rows,
         micro_batches=layout.max_micro_batches,
     )
-    rows, plan = batching.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    rows, plan = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     grads = jax.tree.map(np.asarray, new_state.opt_state)
@@ -460,7 +460,7 @@ def test_packed_forward_and_backward_equal_padded(setups):
     fields = ("tokens", "positions", "segment_ids", "loss_mask", "temperature")
     out = {}
     for name, layout in (("padded", PADDED), ("packed", PACKED)):
-        rows, plan = batching.layout_rows(rollouts, np.arange(N_SEQ), layout, fields)
+        rows, plan = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, fields)
         c, d = plan.scatter(cot[0]), plan.scatter(cot[1])
 
         def f(p, rows=rows, c=c, d=d):
@@ -493,7 +493,7 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
     mesh = sub_mesh((1, 2, 4))
     logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
     placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
-    got = logprob_pass.old_logprobs(
+    got = behaviour_pass.old_logprobs(
         dataclasses.replace(rollouts, old_logp=None), logprob, placed, None, {}
     )
     scored = rollouts.loss_mask > 0

@@ -33,7 +33,7 @@ class TokenBatch(NamedTuple):
     # int [B, L]: the row's k-th sequence has id k >= 1, empty slots 0; None: a row is a sequence
     segment_ids: jax.Array | None = None
     # f32 [B, L]: the sequence's weight in the step's estimator on each of its tokens (prompt-mean:
-    # 1/n_i, n_i its prompt group's size in the step's batch; `batching.prompt_weights`)
+    # 1/n_i, n_i its prompt group's size in the step's batch; `assemble.prompt_weights`)
     seq_weight: jax.Array | None = None
 
 

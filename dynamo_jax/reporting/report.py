@@ -18,7 +18,7 @@ import numpy as np
 from dynamo_jax.allocation import AllocationResult
 
 if TYPE_CHECKING:  # the loop's batch type, for annotations only: reporting sits below the loop
-    from dynamo_jax.batching import RolloutBatch
+    from dynamo_jax.loop.assemble import RolloutBatch
 
 
 @contextlib.contextmanager

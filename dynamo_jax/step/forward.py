@@ -17,7 +17,7 @@ causality by slot and segment and takes explicit positions:
     ref_logp        f32   [B, L]  same under the reference policy (only when the loss has a KL term)
     seq_weight      f32   [B, L]  the sequence's 1/n_i (n_i: its prompt group's size in the step's
                                   batch) on each of its tokens (only for loss_agg_mode
-                                  "prompt-mean"; batching.prompt_weights)
+                                  "prompt-mean"; assemble.prompt_weights)
     sequence_index  int32 [B, L]  the token's sequence's index in the mini-batch (only for variants
                                   that draw per-token noise: it keys the noise, step/train_step.py)
     temperature     f32   []      the sampling temperature of this batch (a traced scalar: changing

@@ -1,4 +1,4 @@
-"""The tiny-config run helpers tests/test_train.py and tests/test_train_async.py share."""
+"""The tiny-config run helpers tests/test_loop_train.py and tests/test_loop_train_async.py share."""
 
 from __future__ import annotations
 

@@ -66,21 +66,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dynamo_jax import batching, evaluate, tasks
+from dynamo_jax import evaluate, tasks
 from dynamo_jax import workdir as run_dir
 from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
-from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
 from dynamo_jax.errors import ConfigError, RunFailedError, UserError
 from dynamo_jax.evaluate import OVERALL
-from dynamo_jax.logprob_pass import (
+from dynamo_jax.loop import assemble
+from dynamo_jax.loop.assemble import RolloutBatch
+from dynamo_jax.loop.behaviour_pass import (
     behaviour_logprobs,
     layout_key,
     old_logprobs,
     row_layouts,
     row_shards,
+)
+from dynamo_jax.loop.generate import (
+    Drawn,
+    Rollouts,
+    generate,
+    request,
+    resample,
+    rollouts_of,
+    score,
 )
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
@@ -91,7 +101,6 @@ from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
 from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline
 from dynamo_jax.rollout.protocol import RolloutEngine
-from dynamo_jax.rollouts import Drawn, Rollouts, generate, request, resample, rollouts_of, score
 from dynamo_jax.seeds import MINI_BATCH, step_seed
 from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.mesh import build_mesh
@@ -175,7 +184,7 @@ def build_batch(
     cfg: RunConfig, task: tasks.Task, rollouts: Rollouts, rewards_B: np.ndarray
 ) -> RolloutBatch:
     """The fixed-shape batch of the scored completions, with the loss variant's advantages."""
-    arrays = batching.pack_rollouts(
+    arrays = assemble.pack_rollouts(
         task.tokens_by_id,
         rollouts.completions,
         rows=cfg.budget,
@@ -231,7 +240,7 @@ def update(
                 else np.arange(batch.rows)
             )
             for start in range(0, batch.rows, size):
-                rows, plan = batching.layout_rows(batch, perm[start : start + size], layout, fields)
+                rows, plan = assemble.layout_rows(batch, perm[start : start + size], layout, fields)
                 mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
                 state, metrics = train_step.fn(state, mb)
                 per_update.append(metrics)
@@ -266,7 +275,7 @@ def record(
     """What the step taught the allocator (history, epoch end) and the temperature scheduler:
     every generated group, draw by draw, trained on or not; a group's mean token entropy is the
     old-log-prob pass's (NaN, the history's previous value kept, for groups not trained on)."""
-    trained = batching.group_stats(
+    trained = assemble.group_stats(
         batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
     )
     entropy_of = dict(zip(trained["prompt_id"].tolist(), trained.get("entropy_mean", [])))
@@ -331,7 +340,7 @@ def rl_step(tr: Trainer, step: int) -> dict:
         tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
         tr.skipped_updates += int(skipped)
 
-    groups = batching.group_stats(batch.prompt_id, batch.rewards, batch.valid)
+    groups = assemble.group_stats(batch.prompt_id, batch.rewards, batch.valid)
     if resampled is None:
         drawn = Drawn([(rollouts.rows, rollouts.epoch_end, groups)], batch.rewards[batch.valid])
     else:

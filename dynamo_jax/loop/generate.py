@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from dynamo_jax import batching, dynamic_sampling, tasks
+from dynamo_jax import tasks
 from dynamo_jax.allocation import AllocationResult, PromptHistory
 from dynamo_jax.config import RunConfig
+from dynamo_jax.loop import assemble, dynamic_sampling
 from dynamo_jax.reporting.report import timed
 from dynamo_jax.rollout.pipeline import BatchPlan, RolloutPipeline, TakenBatch, check_versions
 from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
@@ -126,7 +127,7 @@ class Resampled:
 
 def _group_stats(completions: list[Completion], rewards: np.ndarray) -> dict:
     ids = np.asarray([c.prompt_id for c in completions], np.int64)
-    return batching.group_stats(ids, rewards, np.ones(len(ids), bool))
+    return assemble.group_stats(ids, rewards, np.ones(len(ids), bool))
 
 
 def resample(

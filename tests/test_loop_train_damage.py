@@ -15,9 +15,9 @@ import pytest
 from helpers.damage import KINDS, _within
 from helpers.train_runs import LAUNCH_ARGS, ROOT, _assert_same_tree, _deterministic, _final_state
 
-from dynamo_jax import train
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
+from dynamo_jax.loop import train
 from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.reporting.summary import Status
 

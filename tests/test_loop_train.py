@@ -28,10 +28,10 @@ from helpers.train_runs import (
 )
 
 from configs import tiny
-from dynamo_jax import batching, train
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.errors import CheckpointError
+from dynamo_jax.loop import assemble, train
 from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.reporting.summary import Status
 from dynamo_jax.rollout.protocol import Completion
@@ -271,9 +271,9 @@ def test_sigterm_while_building_stops_before_the_first_step(tmp_path, monkeypatc
 
 
 def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch, capsys):
-    from dynamo_jax import logprob_pass
+    from dynamo_jax.loop import behaviour_pass
 
-    real_old_logprobs = logprob_pass.old_logprobs
+    real_old_logprobs = behaviour_pass.old_logprobs
 
     calls = []
 
@@ -284,7 +284,7 @@ def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch
             batch = dataclasses.replace(batch, old_logp=np.full_like(batch.old_logp, np.nan))
         return batch
 
-    monkeypatch.setattr(logprob_pass, "old_logprobs", poisoned)
+    monkeypatch.setattr(behaviour_pass, "old_logprobs", poisoned)
     config = _short_config(method="grpo", steps=6, every=1)
     config.train.max_consecutive_nonfinite = 3
     summary = train.run(from_config_dict(config), tmp_path)
@@ -322,7 +322,7 @@ def _completion(pid, tokens, reason="stop"):
 
 def test_pack_rollouts_layout_and_padding_rows():
     prompts = {7: (5, 6, 7), 9: (8,)}
-    batch = batching.pack_rollouts(
+    batch = assemble.pack_rollouts(
         prompts, [_completion(7, [1, 2]), _completion(9, [3, 4, 5], "length")], rows=3, seq_len=6
     )
     np.testing.assert_array_equal(batch["tokens"][0], [5, 6, 7, 1, 2, 0])
@@ -333,14 +333,14 @@ def test_pack_rollouts_layout_and_padding_rows():
     np.testing.assert_array_equal(batch["stopped"], [True, False, False])
     assert batch["loss_mask"][2].sum() == 0 and batch["prompt_id"][2] == -1
     with pytest.raises(ValueError, match="prompt 7"):
-        batching.pack_rollouts(prompts, [_completion(7, [1, 2, 3, 4])], rows=1, seq_len=6)
+        assemble.pack_rollouts(prompts, [_completion(7, [1, 2, 3, 4])], rows=1, seq_len=6)
 
 
 def test_group_stats_by_prompt_id_not_position():
     ids = np.array([4, 9, 4, 9, 9, -1])
     rewards = np.array([1, 0, 0, 0, 0, 0], np.float32)
     valid = np.array([True] * 5 + [False])
-    g = batching.group_stats(ids, rewards, valid)
+    g = assemble.group_stats(ids, rewards, valid)
     np.testing.assert_array_equal(g["prompt_id"], [4, 9])
     np.testing.assert_array_equal(g["count"], [2, 3])
     np.testing.assert_array_equal(g["correct"], [1, 0])
@@ -354,7 +354,7 @@ def test_prompt_weights_are_one_over_the_step_group_size():
     valid = np.array([True] * 7 + [False])
     mask = np.ones((8, 3), np.float32)
     mask[6] = 0.0  # a row of prompt 9 with no trained token: not one of its n_i
-    w = batching.prompt_weights(ids, valid, mask)
+    w = assemble.prompt_weights(ids, valid, mask)
     np.testing.assert_allclose(w, [1 / 2, 1 / 3, 1 / 2, 1 / 3, 1 / 3, 1.0, 0.0, 0.0])
     assert w.dtype == np.float32
     # Groups weigh equally: each group's weights sum to 1, the step's to N = 3.
@@ -366,11 +366,11 @@ def test_group_stats_entropy_is_the_token_weighted_mean_per_prompt():
     valid = np.array([True, True, True, True, False])
     ent = np.array([[0.0, 1.0, 3.0], [0.0, 2.0, 0.0], [0.0, 5.0, 0.0], [7.0, 7.0, 7.0], [9, 9, 9]])
     mask = np.array([[0, 1, 1], [0, 1, 0], [0, 1, 0], [0, 0, 0], [1, 1, 1]], np.float32)
-    g = batching.group_stats(ids, np.zeros(5, np.float32), valid, ent, mask)
+    g = assemble.group_stats(ids, np.zeros(5, np.float32), valid, ent, mask)
     # prompt 4: tokens 1, 3 (row 0) and 5 (row 2) → 9 / 3 = 3; prompt 9: token 2 (row 1), row 3
     # has no trained token → 2 / 1 = 2. The padding row's 9s never count.
     np.testing.assert_allclose(g["entropy_mean"], [3.0, 2.0])
-    none = batching.group_stats(ids[:2], np.zeros(2), valid[:2], ent[:2], np.zeros((2, 3)))
+    none = assemble.group_stats(ids[:2], np.zeros(2), valid[:2], ent[:2], np.zeros((2, 3)))
     assert np.isnan(none["entropy_mean"]).all()
 
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from dynamo_jax import batching
-from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.config import RunConfig
 from dynamo_jax.data.packing import RowLayout
+from dynamo_jax.loop import assemble
+from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.reporting.report import timed as _timed
 from dynamo_jax.rollout.pipeline import RolloutPipeline, TakenBatch
 from dynamo_jax.sharding import multihost
@@ -52,7 +52,7 @@ def old_logprobs(
     from the trainer's own forward over the batch's sequences in `logprob.layout`'s rows."""
     with _timed(timings, "old_logprobs"):
         seqs = np.arange(batch.rows)
-        rows, plan = batching.layout_rows(batch, seqs, logprob.layout, logprob.batch_shardings)
+        rows, plan = assemble.layout_rows(batch, seqs, logprob.layout, logprob.batch_shardings)
         # Each process feeds its own rows; outputs come back whole to every process.
         model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
         width = batch.tokens.shape[1]

@@ -8,8 +8,8 @@ from configs import tiny
 from dynamo_jax import data, tasks
 from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.config import from_config_dict
+from dynamo_jax.loop.generate import request, resample, rollouts_of, score
 from dynamo_jax.rollout.protocol import Completion
-from dynamo_jax.rollouts import request, resample, rollouts_of, score
 from dynamo_jax.seeds import ROLLOUT, step_seed
 from dynamo_jax.temperature import TemperatureScheduler
 

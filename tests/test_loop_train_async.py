@@ -2,7 +2,7 @@
 on the tiny config: π_old is the behaviour policy, it learns, SIGKILL + resume is bit-identical,
 and dynamic sampling trains only on groups with a reward signal while recording every group.
 
-The synchronous loop (max_staleness 0) is tests/test_train.py's, unchanged.
+The synchronous loop (max_staleness 0) is tests/test_loop_train.py's, unchanged.
 """
 
 import signal
@@ -23,8 +23,8 @@ from helpers.train_runs import (  # the helpers of the synchronous tests
 )
 
 from configs import tiny
-from dynamo_jax import train
 from dynamo_jax.config import from_config_dict
+from dynamo_jax.loop import train
 from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.rollout.jax_engine import JaxEngine
 
@@ -110,7 +110,7 @@ def test_engine_log_probs_as_the_behaviour_policy(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_tiny_config_learns_with_staleness_one(tmp_path):
-    """As tests/test_train.py::test_tiny_config_learns, with every batch one version old, for the
+    """As tests/test_loop_train.py::test_tiny_config_learns, with every batch one version old, for the
     tiny config's GRPO recipe. Measured (100 steps, first/last 10-step per-prompt mean reward):
     GRPO 0.04 → 0.69 with staleness 1; DynaMO 0.04 → 0.56 (a rise just over 0.5: too thin a
     margin to pin here)."""
@@ -208,7 +208,7 @@ def test_prompt_mean_trains_with_dynamic_sampling_and_with_staleness(tmp_path, m
     with dynamic sampling (the kept groups are the step's groups: their weights 1/n_i sum to
     the kept group count) and with every batch one version late; every update is applied and
     its loss is finite."""
-    from dynamo_jax import batching
+    from dynamo_jax.loop import assemble
 
     batches = _capture_updates(monkeypatch)
     config = _short_config(method="dynamo", steps=3, every=3)
@@ -223,7 +223,7 @@ def test_prompt_mean_trains_with_dynamic_sampling_and_with_staleness(tmp_path, m
     assert len(records) == 3
     assert all(np.isfinite(r["loss/loss"]) for r in records)
     for batch in batches.values():
-        w = batching.prompt_weights(batch.prompt_id, batch.valid, batch.loss_mask)
+        w = assemble.prompt_weights(batch.prompt_id, batch.valid, batch.loss_mask)
         groups = np.unique(batch.prompt_id[w > 0])
         np.testing.assert_allclose(w.sum(), len(groups), rtol=1e-6)
         if case == "dynamic_sampling":

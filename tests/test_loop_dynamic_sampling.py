@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from dynamo_jax import dynamic_sampling as ds
 from dynamo_jax.allocation import AllocationResult
+from dynamo_jax.loop import dynamic_sampling as ds
 from dynamo_jax.rollout.pipeline import BatchPlan
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
 
