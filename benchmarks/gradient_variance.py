@@ -20,8 +20,8 @@ How it is measured:
   epoch-end hook (E3 is then at its run's bounds [4, 12], the released heuristic has its
   per-epoch priority). The allocation n_i is a deterministic function of that history.
 - Gradient: each draw samples n_i fresh rollouts per prompt at T = 1 and runs the training
-  loop's own stages on them (`generate.score`, `train.build_batch`,
-  `behaviour_pass.old_logprobs`, `train.update`) with
+  loop's own stages on them (`generate.score`, `assemble.build_batch`,
+  `behaviour_pass.old_logprobs`, `rl_step.update`) with
   the whole batch as one mini-batch (one update: the loss over all B rows), the loss of
   `--loss_method`'s config (GRPO's plain clipped surrogate by default, the policy's own run).
   The optimizer is `capture_gradient()`: zero updates, the incoming gradient kept as its
@@ -307,7 +307,7 @@ class Pipeline:
         return shape
 
     def _layouts(self, cfg):
-        """The (update, log-prob pass) row layouts train.build_trainer gives this config."""
+        """The (update, log-prob pass) row layouts build.build_trainer gives this config."""
         from dynamo_jax.loop.behaviour_pass import row_layouts
         from dynamo_jax.step.forward import data_shards
 
@@ -315,19 +315,12 @@ class Pipeline:
 
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""
-        from dynamo_jax.loop import assemble, behaviour_pass, generate, train
+        from dynamo_jax.loop import assemble, behaviour_pass, generate
 
         shape = self._shape(prompts, n_avg, with_step)
         timings: dict = {}
         rewards, _ = generate.score(self.task, completions, shape.cfg.budget, timings)
-        drawn = generate.Rollouts(
-            rows=np.zeros(0, np.int64),
-            epoch_end=False,
-            allocation=None,
-            completions=completions,
-            temperature=self.temperature,
-        )
-        batch = train.build_batch(shape.cfg, self.task, drawn, rewards)
+        batch = assemble.build_batch(shape.cfg, self.task, completions, self.temperature, rewards)
         batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None, timings)
         groups = assemble.group_stats(
             batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
@@ -340,10 +333,10 @@ class Pipeline:
         import jax
         from jax.flatten_util import ravel_pytree
 
-        from dynamo_jax.loop import train
+        from dynamo_jax.loop import rl_step
 
         shape, batch, groups = self.batch(completions, prompts, n_avg, with_step=True)
-        state, result = train.update(shape.cfg, 0, batch, shape.step, shape.state, {})
+        state, result = rl_step.update(shape.cfg, 0, batch, shape.step, shape.state, {})
         shape.state = state
         if any(result.skipped):
             raise FloatingPointError("non-finite loss or gradient in a measured batch")
@@ -381,7 +374,7 @@ def policy_params(task: str, stage: int, stages: list[int], seed: int, workdir: 
     from dynamo_jax.models.qwen import init_params
 
     cfg = tiny_config(task, "grpo", seed)
-    if stage == 0:  # the run's random initialisation (train.build_trainer's key)
+    if stage == 0:  # the run's random initialisation (build.build_trainer's key)
         return init_params(cfg.model, jax.random.key(seed))
     trained = [s for s in stages if s > 0]
     every = math.gcd(*trained)
@@ -438,7 +431,7 @@ def allocation_of(name: str, task: str, rounds: list[dict], rows: np.ndarray, nu
     if policy is not None:
         acfg = dataclasses.replace(acfg, policy=policy)
     allocator, history = make_allocator(acfg), make_history(acfg, num_prompts)
-    for g in rounds:  # as train.record feeds it, one epoch per round
+    for g in rounds:  # as rl_step.record feeds it, one epoch per round
         history.update(
             g["row"], g["count"], g["correct"], g["reward_sum"], entropy_mean=g["entropy_mean"]
         )

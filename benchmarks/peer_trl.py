@@ -252,7 +252,8 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> 
     """The project side: build the run, export its init + the TRL spec, then train on command."""
     from dynamo_jax.config import from_config_dict
     from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
-    from dynamo_jax.loop.train import build_trainer, rl_step
+    from dynamo_jax.loop.build import build_trainer
+    from dynamo_jax.loop.rl_step import rl_step
 
     config, force = shape_config(shape, seed, steps)
     cfg = from_config_dict(config)

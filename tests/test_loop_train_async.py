@@ -24,7 +24,7 @@ from helpers.train_runs import (  # the helpers of the synchronous tests
 
 from configs import tiny
 from dynamo_jax.config import from_config_dict
-from dynamo_jax.loop import train
+from dynamo_jax.loop import rl_step, train
 from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.rollout.jax_engine import JaxEngine
 
@@ -62,13 +62,13 @@ def _launch(workdir, steps, every, *extra):
 def _capture_updates(monkeypatch):
     """Every batch the update stage trains on, by step."""
     batches = {}
-    real_update = train.update
+    real_update = rl_step.update
 
     def update(cfg, step, batch, *args):
         batches[step] = batch
         return real_update(cfg, step, batch, *args)
 
-    monkeypatch.setattr(train, "update", update)
+    monkeypatch.setattr(rl_step, "update", update)
     return batches
 
 

@@ -2,7 +2,7 @@
 
 `RolloutBatch` (one row per completion, prompt then response, left-aligned, padded on the right
 to `seq_len`; every per-token array indexed by the token it scores) is what the stages of a step
-hand each other (train.py): built once from the scored completions (`build_batch`), completed
+hand each other (rl_step.py): built once from the scored completions (`build_batch`), completed
 with the old-log-prob pass's outputs (`dataclasses.replace`), then read by the update. It is
 immutable and host-side (NumPy), and always has `rows` rows (the step's budget B): when the
 allocator reports a shortfall the missing rows are padding (`valid` False, loss_mask 0,
@@ -22,7 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dynamo_jax import tasks
+from dynamo_jax.config import RunConfig
 from dynamo_jax.data.packing import RowLayout, RowPlan
+from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.rollout.protocol import Completion
 
 
@@ -213,3 +216,34 @@ def layout_rows(
             raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
         out[name] = plan.scatter(np.asarray(value)[seqs])
     return out, plan
+
+
+def build_batch(
+    cfg: RunConfig,
+    task: tasks.Task,
+    completions: Sequence[Completion],
+    temperature: float,
+    rewards_B: np.ndarray,
+) -> RolloutBatch:
+    """The fixed-shape batch of the scored completions (sampled at `temperature`), with the loss
+    variant's advantages."""
+    arrays = pack_rollouts(
+        task.tokens_by_id,
+        completions,
+        rows=cfg.budget,
+        seq_len=task.seq_len,
+        pad_id=task.pad_id,
+    )
+    adv_B = sequence_advantages(
+        cfg.loss,
+        rewards_B,
+        arrays["prompt_id"],
+        num_groups=cfg.train.prompts_per_step,
+        valid_B=arrays["valid"],
+    )
+    return RolloutBatch(
+        **arrays,
+        rewards=rewards_B,
+        advantages=np.asarray(adv_B, np.float32),
+        temperature=float(temperature),
+    )

@@ -1,0 +1,213 @@
+"""One RL step, top to bottom (`rl_step`), as in docs/design.md#one-step-as-data.
+
+1. the data iterator hands out N dataset rows; the allocator splits the budget B = N · n_avg into
+   n_i per prompt; the temperature scheduler gives τ (`request`: a `BatchPlan`; generate.py);
+2. the rollout engine samples n_i completions per prompt at τ (seed derived from (seed, step));
+3. the task scores them (binary verdicts); with dynamic sampling, more rounds of prompts until
+   N groups with a reward signal are in (generate.py `resample`, dynamic_sampling.py);
+4. GRPO advantages per prompt-id group (variable group sizes) on the fixed-shape batch
+   (assemble.py `build_batch`);
+5. the trainer computes log-probs (and entropy) at τ with its own forward: π_old when the batch
+   is on-policy, else π_old is the behaviour policy (behaviour_pass.py `behaviour_logprobs`);
+6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches (`update`);
+   (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
+   train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
+7. allocator history and temperature scheduler are updated (`record`), weights pushed to the
+   engine; the step's metrics line is assembled (reporting/report.py `step_metrics`).
+With `train.max_staleness` = k ≥ 1, step t requests the batch of step t+k (steps 1-2 for it)
+before its own update and trains on the batch step t−k requested: rollout/pipeline.py states the
+versions, the off-policy arithmetic and what is checked; rollout/background.py how the vLLM
+sidecar generates while the trainer trains. k = 0 is the synchronous loop above.
+The run around the steps (checkpoints, evaluation, the failure policy) is train.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from dynamo_jax import tasks
+from dynamo_jax.allocation.history import PromptHistory
+from dynamo_jax.config import RunConfig
+from dynamo_jax.loop import assemble
+from dynamo_jax.loop.assemble import RolloutBatch, build_batch
+from dynamo_jax.loop.behaviour_pass import behaviour_logprobs, row_layouts, row_shards
+from dynamo_jax.loop.build import Trainer
+from dynamo_jax.loop.generate import Drawn, generate, request, resample, score
+from dynamo_jax.reporting.report import UpdateResult, entropy_mean, step_metrics
+from dynamo_jax.reporting.report import timed as _timed
+from dynamo_jax.seeds import MINI_BATCH, step_seed
+from dynamo_jax.sharding import multihost
+from dynamo_jax.step.state import TrainState
+from dynamo_jax.step.train_step import TrainStep
+from dynamo_jax.temperature import TemperatureScheduler
+
+SKIP_KEY = "update_skipped"  # the train step's metric flagging a skipped non-finite update
+
+
+def rl_step(tr: Trainer, step: int) -> dict:
+    """One RL step (module docstring); returns the step's host-side metrics."""
+    cfg = tr.cfg
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    plan = functools.partial(
+        request, cfg, tr.task, tr.data_iter, tr.allocator, tr.history, tr.scheduler
+    )
+    rollouts, taken = generate(tr.pipeline, step, plan, tr.state.params, timings)
+    rewards, verdict_shares = score(tr.task, rollouts.completions, cfg.budget, timings)
+    resampled = None
+    if cfg.train.dynamic_sampling:
+        first = (rollouts, taken.plan, rewards, verdict_shares)
+        resampled = resample(cfg, step, tr.task, tr.engine, plan, first, timings)
+        rollouts, rewards, verdict_shares = (
+            resampled.rollouts,
+            resampled.rewards,
+            resampled.verdict_shares,
+        )
+    batch = build_batch(cfg, tr.task, rollouts.completions, rollouts.temperature, rewards)
+    if cfg.skips_logprob_pass:
+        # π_old = π: the update takes stop_gradient of its own forward (make_train_step's
+        # on_policy); the placeholder is never read, the per-token entropy is unknown (NaN).
+        batch = dataclasses.replace(
+            batch,
+            old_logp=np.zeros_like(batch.loss_mask),
+            entropy=np.full_like(batch.loss_mask, np.nan),
+        )
+        logp_metrics = {}
+    else:
+        batch, logp_metrics = behaviour_logprobs(
+            tr.pipeline, step, batch, taken, tr.logprob, tr.state.params, tr.ref_params, timings
+        )
+    tr.state, result = update(
+        cfg, step, batch, tr.train_step, tr.state, timings, tr.consecutive_nonfinite
+    )
+    for skipped in result.skipped:
+        tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
+        tr.skipped_updates += int(skipped)
+
+    groups = assemble.group_stats(batch.prompt_id, batch.rewards, batch.valid)
+    if resampled is None:
+        drawn = Drawn([(rollouts.rows, rollouts.epoch_end, groups)], batch.rewards[batch.valid])
+    else:
+        drawn = resampled.drawn
+    record(tr.history, tr.allocator, tr.scheduler, tr.task, drawn, batch, step)
+    with _timed(timings, "weight_push"):
+        tr.engine.update_weights(tr.state.params, step)
+    timings["time/step"] = time.perf_counter() - t0
+    metrics = step_metrics(
+        cfg.allocation.g_max,
+        rollouts.allocation,
+        rollouts.temperature,
+        batch,
+        (drawn.groups, drawn.rewards),
+        result,
+        verdict_shares,
+        timings,
+        logp_metrics,
+        consecutive_nonfinite=tr.consecutive_nonfinite,
+        applied_updates=int(jax.device_get(tr.state.step)),
+        epochs_completed=int(tr.history.epochs_completed),
+    )
+    if resampled is not None:
+        metrics.update(resampled.metrics)
+        metrics["dynamic/trained_zero_var_groups"] = int(groups["zero_variance"].sum())
+    return metrics
+
+
+def update(
+    cfg: RunConfig,
+    step: int,
+    batch: RolloutBatch,
+    train_step: TrainStep,
+    state: TrainState,
+    timings: dict,
+    consecutive_nonfinite: int = 0,
+) -> tuple[TrainState, UpdateResult]:
+    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches, each laid into
+    rows (packed or not) by the update's row layout; per update, the metrics also report the
+    share of the fed token slots that held no token and the micro-batch count.
+
+    `consecutive_nonfinite`: skipped updates in a row before this step. When the step's updates
+    could reach `train.max_consecutive_nonfinite`, each update's skip flag is read as it comes
+    (one host sync per update) and the step stops at the update that reaches the limit, so a run
+    stops after exactly that many; otherwise the flags are read once, after the step."""
+    layout, _ = row_layouts(cfg, row_shards(train_step.batch_shardings["tokens"]))
+    fields = tuple(train_step.batch_shardings)
+    size = cfg.train.mini_batch_size
+    rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
+    per_update, layout_stats = [], []
+    limit = cfg.train.max_consecutive_nonfinite
+    in_step = cfg.train.ppo_epochs * -(-batch.rows // size)
+    watch = consecutive_nonfinite + in_step >= limit
+    run = consecutive_nonfinite
+    with _timed(timings, "update"):
+        for _ in range(cfg.train.ppo_epochs):
+            perm = (
+                rng.permutation(batch.rows)
+                if cfg.train.shuffle_mini_batches
+                else np.arange(batch.rows)
+            )
+            for start in range(0, batch.rows, size):
+                rows, plan = assemble.layout_rows(batch, perm[start : start + size], layout, fields)
+                mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
+                state, metrics = train_step.fn(state, mb)
+                per_update.append(metrics)
+                layout_stats.append(
+                    {
+                        "pack/padding_share": plan.padding_share,
+                        "pack/micro_batches": plan.micro_batches,
+                    }
+                )
+                if watch:
+                    run = run + 1 if bool(jax.device_get(metrics[SKIP_KEY])) else 0
+                    if run >= limit:
+                        break
+            if watch and run >= limit:
+                break
+        fetched = jax.device_get(per_update)  # one host sync per step, not per update
+    skipped = [bool(m.pop(SKIP_KEY)) for m in fetched]
+    for m, extra in zip(fetched, layout_stats):
+        m.update(extra)
+    return state, UpdateResult(fetched, skipped)
+
+
+def record(
+    history: PromptHistory,
+    allocator: Any,
+    scheduler: TemperatureScheduler,
+    task: tasks.Task,
+    drawn: Drawn,
+    batch: RolloutBatch,
+    step: int,
+) -> None:
+    """What the step taught the allocator (history, epoch end) and the temperature scheduler:
+    every generated group, draw by draw, trained on or not; a group's mean token entropy is the
+    old-log-prob pass's (NaN, the history's previous value kept, for groups not trained on)."""
+    trained = assemble.group_stats(
+        batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
+    )
+    entropy_of = dict(zip(trained["prompt_id"].tolist(), trained.get("entropy_mean", [])))
+    for rows, epoch_end, groups in drawn.parts:
+        # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
+        row_of_id = {int(task.prompt_ids[r]): int(r) for r in rows}
+        group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
+        entropy = np.asarray([entropy_of.get(int(i), np.nan) for i in groups["prompt_id"]])
+        history.update(
+            group_rows,
+            groups["count"],
+            groups["correct"],
+            groups["reward_sum"],
+            entropy_mean=entropy,
+        )
+        if epoch_end:
+            # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds,
+            # the released heuristic refreshes its priorities (allocation/policies.py).
+            allocator.on_epoch_end(history)
+    entropy = entropy_mean(batch)
+    if np.isfinite(entropy) and entropy > 0:
+        scheduler.update(entropy, step)
