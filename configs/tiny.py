@@ -24,36 +24,14 @@ or mixed (55 copy/max/min problems: three skills, every answer digit equally com
 
 from configs import base
 
-METHODS = (
-    "dynamo",
-    "grpo",
-    "e3",
-    "dynamo_no_dra",
-    "dynamo_no_modulation",
-    "dynamo_as_run",
-    "dynamo_posterior",
-    "dynamo_std",
-    "dynamo_entropy",
-    "dynamo_posterior_std",
-    "grpo_dynamic_sampling",
-)
-# DynaMO allocation options (docs/algorithm.md#allocation-variants) by method; all else is the `dynamo` method's
-VARIANTS = {
-    "dynamo_posterior": {"priority": "posterior"},
-    "dynamo_std": {"allocate_by": "std"},
-    "dynamo_entropy": {"entropy_factor": True},
-    "dynamo_posterior_std": {"priority": "posterior", "allocate_by": "std"},
-}
 TASKS = ("max", "mixed")
 
 
 def get_config(arg: str | None = None):
     args = base.parse_arg(arg, method="dynamo", task="max")
     method, task = args["method"], args["task"]
-    if method not in METHODS:
-        raise ValueError(f"configs/tiny.py: method must be one of {METHODS}, got {method!r}")
-    if task not in TASKS:
-        raise ValueError(f"configs/tiny.py: task must be one of {TASKS}, got {task!r}")
+    base.check_choice("configs/tiny.py", "method", method, base.METHODS)
+    base.check_choice("configs/tiny.py", "task", task, TASKS)
     steps = 100
     config = base.mlc.ConfigDict()
     # run name (metrics and plots titles); the default task keeps the historical name
@@ -67,40 +45,16 @@ def get_config(arg: str | None = None):
     config.reward = base.reward(num_workers=1)  # the synthetic task is scored in-process
     config.rollout = base.rollout("jax", max_new_tokens=4)  # short answers: one digit + stop
     config.jax_engine = base.jax_engine(max_batch=128)
-    dynamo_allocation = base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8)
-    uniform_allocation = base.allocation("uniform", n_avg=8, g_min=2, g_max=16)
-    variants = {
-        m: base.allocation("dynamo", n_avg=8, g_min=2, g_max=16, decay=0.8, **options)
-        for m, options in VARIANTS.items()
-    }
-    config.allocation = {
-        "dynamo": dynamo_allocation,
-        "grpo": uniform_allocation,
-        # E3's curriculum widens [G, G] by 2 per pass over the data; 25 problems at 16 per step
-        # make every step a pass (the iterator drops the partial batch), so it is at [4, 12]
-        # from step 3 on; a real dataset widens it over many steps.
-        "e3": base.allocation("e3", n_avg=8, g_min=4, g_max=12),
-        "dynamo_no_dra": uniform_allocation,
-        "dynamo_no_modulation": dynamo_allocation,
-        # The script's [n/2, 3n/2] around n = 8 (theirs: [8, 24] around 16), so the exploration
-        # target b = max(n_low, 4) is n_low as in their run; cumulative counts (no decay).
-        "dynamo_as_run": base.allocation("dynamo_as_run", n_avg=8, g_min=4, g_max=12),
-        **variants,
-        "grpo_dynamic_sampling": uniform_allocation,
-    }[method]
-    # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
-    # changes within a few steps here; with the paper's 1.0 early failures of now-solved prompts
-    # keep their priority up and the tiny run can settle on one answer for every prompt.
-    config.temperature = (
-        base.temperature(
-            "e3", 1.0, vocab_size=config.model.vocab_size, anneal=True, total_steps=steps
-        )
-        if method == "e3"
-        else base.temperature("fixed", 1.0)
+    # n_i in [2, 16] around 8 (configs/base.py `method_sections`: E3 and the authors' DynaMO
+    # script within [4, 12]). E3's curriculum widens [G, G] by 2 per pass over the data; 25
+    # problems at 16 per step make every step a pass (the iterator drops the partial batch), so
+    # it is at [4, 12] from step 3 on; a real dataset widens it over many steps.
+    sections = base.method_sections(
+        method, n_avg=8, g_min=2, g_max=16, vocab_size=config.model.vocab_size, total_steps=steps
     )
-    # GC/UMS modulation for every DynaMO method but dynamo_no_modulation; plain GRPO otherwise
-    plain = method in ("grpo", "e3", "dynamo_no_modulation", "grpo_dynamic_sampling")
-    config.loss = base.loss("grpo" if plain else "dynamo")
+    config.allocation = sections["allocation"]
+    config.temperature = sections["temperature"]
+    config.loss = sections["loss"]
     config.mesh = base.mesh((1, 1, 1))  # one CPU device
     # A random tiny model needs a large step size. On mixed, 1e-3 made GRPO (the benchmark's
     # reference) drop a digit for good (p = 1.00 on a wrong one) in 2 of 4 seeds; 5e-4 learnt

@@ -45,7 +45,7 @@ def test_config_loads_and_validates(name):
 
 
 def test_tiny_methods_share_the_rollout_budget():
-    from configs.tiny import METHODS
+    from configs.base import METHODS
 
     runs = {m: _load("tiny", f"method={m}") for m in METHODS}
     budgets = {m: r.train.prompts_per_step * r.allocation.n_avg for m, r in runs.items()}
@@ -60,7 +60,7 @@ def test_tiny_methods_share_the_rollout_budget():
 
 
 def test_tiny_allocation_variants_change_only_the_allocation():
-    from configs.tiny import VARIANTS
+    from configs.base import VARIANTS
 
     dynamo = _load("tiny", "method=dynamo")
     for method, options in VARIANTS.items():
@@ -167,7 +167,7 @@ def test_reproduction_config_passes_the_dry_run(name):
 
 
 def test_smollm2_arith_methods_engines_and_on_policy_skip():
-    from configs.tiny import METHODS
+    from configs.base import METHODS
 
     runs = {m: _load("smollm2_arith", f"method={m}") for m in METHODS}
     assert {r.budget for r in runs.values()} == {64}

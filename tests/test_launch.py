@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from configs import tiny
+from configs import base, tiny
 from dynamo_jax import cli
 from dynamo_jax.errors import CheckpointError, ConfigError, DataError
 
@@ -60,7 +60,7 @@ def test_other_flag_errors_are_one_line():
     # An error inside the config file's get_config: its message, not absl's traceback text.
     assert _parse_error(f"--config={TINY}:method=foo") == (
         f"--config={TINY}:method=foo: configs/tiny.py: method must be one of "
-        f"{tiny.METHODS}, got 'foo'"
+        f"{base.METHODS}, got 'foo'"
     )
     assert _parse_error("--config_file=x") == (
         "Unknown command line flag 'config_file'. Did you mean: config ?"
