@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_step_train_step import (
+from helpers.step_batches import (
     FAST_COMPILE,
     N_SEQ,
     PACKED,
@@ -69,7 +69,7 @@ def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
     cfg, params = tiny3
     rollouts, _, _ = make_rollouts(cfg, params)
     loss_cfg = LossConfig.preset(loss)
-    # With the pass: π_old from the trainer's forward over the batch (what train.py does).
+    # With the pass: π_old from the trainer's forward over the batch (what loop/rl_step.py does).
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
     with_pass = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {})
     ref_m, ref_g = _step(cfg, params, with_pass, layout, loss_cfg, on_policy=False)
