@@ -1,6 +1,6 @@
 """SIGTERM and Ctrl-C during a run: the first is a request, the second stops at once.
 
-`train.run` installs a `StopRequest` for SIGINT and SIGTERM (what SLURM, Kubernetes and
+`loop.train.run` installs a `StopRequest` for SIGINT and SIGTERM (what SLURM, Kubernetes and
 `timeout` send) before it builds anything. The first signal sets `requested` and prints one line;
 the loop finishes the step in flight, checkpoints and ends INTERRUPTED (exit status 3). A second
 signal raises KeyboardInterrupt wherever the main thread is; launch.py prints one line for it and

@@ -88,7 +88,7 @@ def status_shares(codes: np.ndarray) -> dict[str, float]:
 
 def score_completions(task: Task, completions: list) -> tuple[np.ndarray, dict]:
     """Rewards and verdict shares of `completions`. With several processes each scores its
-    contiguous slice and the results are all-gathered (train.py's module docstring): every
+    contiguous slice and the results are all-gathered (loop/train.py's module docstring): every
     process gets the same arrays, and the scoring work is split rather than repeated."""
     procs, n = jax.process_count(), len(completions)
     if procs == 1 or n == 0:

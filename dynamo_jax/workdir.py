@@ -1,7 +1,7 @@
 """A run directory before training starts: its inputs exist, its checkpoints fit, or it starts over.
 
-`train.run` calls these before it builds anything, so a bad config or workdir is an error that
-leaves nothing behind and never erases a previous run:
+`loop.train.run` calls these before it builds anything, so a bad config or workdir is an error
+that leaves nothing behind and never erases a previous run:
 - `check_inputs`: the files the config names exist (data files, the initial HF checkpoint).
 - `check_resumable`: the workdir's newest readable checkpoint was saved with a config this one
   can continue; `restore_latest` applies the same rule (`check_fits`) to each step it considers.
@@ -199,7 +199,7 @@ def check_resumable(workdir: Path, cfg: RunConfig) -> None:
 
 
 def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
-    """Everything `train.run` checks before it builds anything: `check_inputs`, then
+    """Everything `loop.train.run` checks before it builds anything: `check_inputs`, then
     `move_previous_run` if asked to start over (and says where it went), else `check_resumable`."""
     check_inputs(cfg)
     if Path(workdir).exists() and not Path(workdir).is_dir():

@@ -1,7 +1,7 @@
 """The step's metrics line (metrics.jsonl, TensorBoard, the progress bar), and stage timings.
 
-`step_metrics` gathers what every stage of train.py's step produced into one flat dict of host
-scalars: the update's loss metrics (averaged over its optimizer updates), timings, verdict
+`step_metrics` gathers what every stage of the step (loop/rl_step.py) produced into one flat dict
+of host scalars: the update's loss metrics (averaged over its optimizer updates), timings, verdict
 shares, the allocation, rewards over every generated group, the trained batch's responses and
 the log-prob comparison of trainer and engine (rollout/pipeline.py explains the staleness ones).
 """

@@ -1,6 +1,6 @@
 """The end of a run in a few lines: how it ended, how far it got, and where its outputs are.
 
-`train.run` returns a `RunSummary` and prints `format_summary` at the end of every run that
+`loop.train.run` returns a `RunSummary` and prints `format_summary` at the end of every run that
 started training: finished, interrupted (SIGTERM/Ctrl-C), stopped on non-finite updates, or
 failed. The exit status follows from it (`RunSummary.exit_code`, the table of
 dynamo_jax/errors.py `ExitCode`).
@@ -33,7 +33,7 @@ class Status(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class RunSummary:
-    """What `train.run` did in this launch."""
+    """What `loop.train.run` did in this launch."""
 
     name: str  # the config's run name
     workdir: Path
