@@ -27,6 +27,35 @@ from dynamo_jax.rollout.config import JaxEngineConfig, RolloutConfig
 from dynamo_jax.sharding.mesh import MeshConfig
 
 LR_SCHEDULES = ("constant", "cosine")
+
+# Config keys renamed since older runs, "section.old" → "section.new". An old key in a config
+# file or a `--config.section.old=...` override is refused with one line naming the new key
+# (`check_renamed`, cli.py); a checkpoint saved under the old name is read under the new one
+# (workdir.py), so an older run still resumes.
+RENAMED: dict[str, str] = {
+    "loss.baseline": "loss.variant",  # it holds the method (dynamo, grpo, ...), not a baseline
+    "loss.tau": "loss.ums_tau",  # UMS's threshold; τ is the sampling temperature elsewhere
+}
+
+
+def renamed_message(old: str, flag: str | None = None) -> str | None:
+    """'<where>: renamed to <new>' for an old `section.field` key, else None."""
+    new = RENAMED.get(old)
+    if new is None:
+        return None
+    if flag is not None:
+        return f"{flag}: this key was renamed; use --config.{new}"
+    return f"config.{old} was renamed; use config.{new}"
+
+
+def check_renamed(section: str, names) -> None:
+    """`ConfigError` naming the new key if `names` (fields given for `section`) holds an old one."""
+    for name in sorted(names):
+        message = renamed_message(f"{section}.{name}")
+        if message:
+            raise ConfigError(message)
+
+
 OLD_LOGP_SOURCES = ("trainer", "engine")
 
 
@@ -279,6 +308,7 @@ def build_section(name: str, values: Mapping[str, Any]) -> Any:
     cls = section_class(name)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     values = _plain(values)
+    check_renamed(name, set(values) - fields)
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ConfigError(

@@ -77,7 +77,7 @@ def w_reinforce_advantages(rewards_B, *, lam: float = 0.1, valid_B=None):
 
 def sequence_advantages(cfg: LossConfig, rewards_B, group_ids_B, *, num_groups=None, valid_B=None):
     """The sequence advantages of the configured variant (GRPO unless it defines its own)."""
-    variant = registry.get(cfg.baseline)
+    variant = registry.get(cfg.variant)
     if variant.sequence_advantages is not None:
         return variant.sequence_advantages(cfg, rewards_B, group_ids_B, num_groups, valid_B)
     return grpo_advantages(

@@ -88,6 +88,6 @@ def modulate(batch: TokenBatch, h_min, h_max, xi_max, cfg: LossConfig):
     b_stab = ones
     if cfg.enable_ums:
         xi = entropy_change_abs(batch, cfg)
-        b_stab = beta_stab(xi, xi_max, cfg.alpha_stab, cfg.gamma, cfg.tau)
+        b_stab = beta_stab(xi, xi_max, cfg.alpha_stab, cfg.gamma, cfg.ums_tau)
     adv_hat = lax.stop_gradient(adv * b_comp * b_stab)
     return adv_hat, b_comp, b_stab

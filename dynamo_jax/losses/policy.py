@@ -118,7 +118,7 @@ def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
 
 def build_loss_fn(cfg: LossConfig) -> LossFn:
     """Look the variant up once; return `loss_fn(batch, stats) -> (loss, metrics)` (jittable)."""
-    variant = registry.get(cfg.baseline)
+    variant = registry.get(cfg.variant)
     advantage = variant.token_advantages or plain_advantages
     token_loss = variant.token_loss or surrogate_loss
 
