@@ -63,7 +63,8 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
     for b, t in valid:
         r = math.exp(np.clip(logp[b, t] - old_logp[b, t], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         a = adv[b, t]
-        i_clip = (a > 0 and r <= 1 + cfg.clip_high) or (a < 0 and r >= 1 - cfg.clip_low)
+        low, high = _band(cfg)
+        i_clip = (a > 0 and r <= high) or (a < 0 and r >= low)
         xi = (r * a) if i_clip else 0.0
         xi_abs[b, t] = abs(-xi * (u[b, t] - kk[b, t]))
     xi_max = max((xi_abs[b, t] for b, t in valid), default=0.0)
@@ -83,8 +84,18 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
     return ahat, bc, bs
 
 
+def _band(cfg):
+    """The PPO clip band, written here independently of the code under test."""
+    return 1 - cfg.clip_low, 1 + cfg.clip_high
+
+
+def _clip_ratio(r, cfg):
+    low, high = _band(cfg)
+    return min(max(r, low), high)
+
+
 def _clipped(a, r, cfg):
-    loss = -min(r * a, min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high) * a)
+    loss = -min(r * a, _clip_ratio(r, cfg) * a)
     if cfg.dual_clip is not None and a < 0:
         loss = min(loss, -cfg.dual_clip * a)
     return loss
@@ -159,7 +170,7 @@ def policy_loss(inp: dict, cfg):
     elif cfg.variant == "clip_cov":
         cov = _covariance(logp, adv, mask)
         clipped = np.array(
-            [[-adv[b, t] * min(max(r[b, t], 1 - cfg.clip_low), 1 + cfg.clip_high) > -adv[b, t] * r[b, t]
+            [[-adv[b, t] * _clip_ratio(r[b, t], cfg) > -adv[b, t] * r[b, t]
               for t in range(L)] for b in range(B)]
         )  # fmt: skip
         cand = [(b, t) for b in range(B) for t in range(L)
