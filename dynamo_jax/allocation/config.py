@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dynamo_jax import validate
+
 POLICIES = ("uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3")
 # Options of the "dynamo" policy (docs/algorithm.md#allocation-variants); the first of each is
 # the paper's rule.
@@ -19,9 +21,7 @@ PRIORITIES = ("unbiased", "posterior")
 TEMPERATURE_MODES = ("fixed", "e3")
 
 
-def _require(ok: bool, cls: str, field: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{cls}.{field}: {message}")
+_require = validate.require  # (ok, class name, field, message)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dynamo_jax import validate
 from dynamo_jax.losses import registry
 
 # prompt-mean: each sequence's token mean, averaged within its prompt group, groups averaged with
@@ -23,13 +24,11 @@ LOGITS_RESIDUALS = ("recompute", "store_bf16", "store_fp32")
 
 
 def _choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"LossConfig.{name} must be one of {allowed}, got {value!r}")
+    validate.one_of("LossConfig", name, value, allowed)
 
 
 def _check(name: str, ok: bool, what: str, value) -> None:
-    if not ok:
-        raise ValueError(f"LossConfig.{name} must be {what}, got {value!r}")
+    validate.must(ok, "LossConfig", name, what, value)
 
 
 @dataclasses.dataclass(frozen=True)

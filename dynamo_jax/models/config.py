@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dynamo_jax import validate
+
 FAMILIES = ("qwen2", "qwen3", "llama")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = (
@@ -99,9 +101,7 @@ class ModelConfig:
             "attention_block_q",
             "attention_block_k",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+            validate.positive_ints("ModelConfig", self, name)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
@@ -109,30 +109,16 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
-        if not self.rms_norm_eps > 0:
-            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"ModelConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.param_dtype not in DTYPES:
-            raise ValueError(
-                f"ModelConfig.param_dtype must be one of {DTYPES}, got {self.param_dtype!r}"
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got "
-                f"{self.attention_impl!r}"
-            )
+        validate.positive("ModelConfig", self, "rope_theta", "rms_norm_eps")
+        validate.one_of("ModelConfig", "dtype", self.dtype, DTYPES)
+        validate.one_of("ModelConfig", "param_dtype", self.param_dtype, DTYPES)
+        validate.one_of("ModelConfig", "attention_impl", self.attention_impl, ATTENTION_IMPLS)
         if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(
                 "ModelConfig.attention_impl='cudnn' (fused flash attention) needs "
                 f"dtype='bfloat16', got {self.dtype!r}"
             )
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
-            )
+        validate.one_of("ModelConfig", "remat_policy", self.remat_policy, REMAT_POLICIES)
 
     @property
     def num_params(self) -> int:
