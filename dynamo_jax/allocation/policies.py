@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # the config imports the registry, which imports this module
 class AllocationResult:
     """n[i] rollouts for prompt indices[i]; shortfall = budget − Σn (> 0 only when N·G_max < B)."""
 
-    n: np.ndarray  # int64 [N]
+    n: np.ndarray  # int64 [I]
     shortfall: int
     diagnostics: dict[str, float]
 
