@@ -4,12 +4,8 @@ scheduler (fixed or E3), with the per-prompt history they run on."""
 
 from dynamo_jax.allocation.config import AllocationConfig, TemperatureConfig
 from dynamo_jax.allocation.history import PromptHistory
-from dynamo_jax.allocation.policies import (
-    AllocationResult,
-    Allocator,
-    make_allocator,
-    make_history,
-)
+from dynamo_jax.allocation.policies import AllocationResult, Allocator, make_history
+from dynamo_jax.allocation.registry import make_allocator
 from dynamo_jax.allocation.temperature import TemperatureScheduler
 
 __all__ = [

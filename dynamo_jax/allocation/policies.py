@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,8 +38,9 @@ from dynamo_jax.allocation.water_level import (
     water_fill,
 )
 
-if TYPE_CHECKING:  # the config imports the registry, which imports this module
-    from dynamo_jax.allocation.config import AllocationConfig
+# The allocators take the `AllocationConfig` (allocation/config.py), which imports the registry,
+# which imports this module: typed `Any` here so the import graph has no cycle.
+AllocationConfig = Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,13 +338,6 @@ class E3Allocator:
     def on_epoch_end(self, history: PromptHistory) -> None:
         history.e3_rank = e3_difficulty_rank(history.total_generated, history.total_reward)
         history.end_epoch()
-
-
-def make_allocator(cfg: AllocationConfig) -> Allocator:
-    """The allocator of `cfg.policy`'s record (allocation/registry.py)."""
-    from dynamo_jax.allocation import registry  # it imports this module's classes
-
-    return registry.get(cfg.policy).allocator(cfg)
 
 
 def make_history(cfg: AllocationConfig, num_prompts: int) -> PromptHistory:

@@ -71,6 +71,11 @@ POLICIES: dict[str, AllocationPolicy] = {
 }
 
 
+def make_allocator(cfg: Any) -> policies.Allocator:
+    """The allocator of the policy `cfg` (an `AllocationConfig`) names."""
+    return get(cfg.policy).allocator(cfg)
+
+
 def names() -> tuple[str, ...]:
     return tuple(POLICIES)
 
