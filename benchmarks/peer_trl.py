@@ -110,7 +110,7 @@ def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, 
     same work)."""
     t, loss, opt, roll = cfg.train, cfg.loss, cfg.optim, cfg.rollout
     _need(cfg.allocation.policy == "uniform", f"allocation.policy {cfg.allocation.policy!r}")
-    _need(loss.baseline == "grpo", f"loss.baseline {loss.baseline!r} (TRL runs GRPO)")
+    _need(loss.variant == "grpo", f"loss.variant {loss.variant!r} (TRL runs GRPO)")
     _need(loss.loss_agg_mode == "token-mean", f"loss.loss_agg_mode {loss.loss_agg_mode!r}")
     _need(cfg.budget % t.mini_batch_size == 0, "train.mini_batch_size must divide the budget")
     _need(t.micro_batches == 1 and not t.max_tokens_per_micro_batch,
@@ -175,7 +175,7 @@ def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, 
         ("train.ppo_epochs", t.ppo_epochs, "num_iterations", t.ppo_epochs),
         ("train.micro_batches", t.micro_batches, "gradient_accumulation_steps", 1),
         ("train.steps", t.steps, "max_steps (optimizer steps)", kwargs["max_steps"]),
-        ("loss.baseline / loss_agg_mode", f"{loss.baseline} / {loss.loss_agg_mode}",
+        ("loss.variant / loss_agg_mode", f"{loss.variant} / {loss.loss_agg_mode}",
          "loss_type", "bnpo"),
         ("loss.clip_low / clip_high", f"{loss.clip_low} / {loss.clip_high}",
          "epsilon / epsilon_high", f"{loss.clip_low} / {loss.clip_high}"),

@@ -15,7 +15,7 @@ import typing
 import ml_collections as mlc
 from ml_collections import config_dict
 
-from dynamo_jax.config import SECTIONS
+from dynamo_jax.config import SECTIONS, check_renamed
 from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.models.presets import get_preset
 
@@ -48,6 +48,7 @@ def section(name: str, **values) -> mlc.ConfigDict:
     cls = SECTIONS[name]
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    check_renamed(name, set(values) - set(fields))
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(f"config.{name}: unknown field(s) {unknown} for {cls.__name__}")
@@ -94,9 +95,10 @@ def temperature(mode: str = "fixed", initial: float = 1.0, **fields) -> mlc.Conf
     return section("temperature", mode=mode, initial=initial, **fields)
 
 
-def loss(baseline: str = "dynamo", **overrides) -> mlc.ConfigDict:
-    """The loss section for a Table-1 baseline, at that baseline's published defaults."""
-    return section("loss", **dataclasses.asdict(LossConfig.preset(baseline, **overrides)))
+def loss(variant: str = "dynamo", **overrides) -> mlc.ConfigDict:
+    """The loss section for a loss variant (DynaMO, GRPO or a Table-1 baseline), at its published
+    defaults."""
+    return section("loss", **dataclasses.asdict(LossConfig.preset(variant, **overrides)))
 
 
 def mesh(shape=(1, -1, 1), **fields) -> mlc.ConfigDict:

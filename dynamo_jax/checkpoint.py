@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dynamo_jax import validate
 from dynamo_jax.errors import CheckpointError
 from dynamo_jax.reporting import runlog
 from dynamo_jax.sharding import multihost
@@ -80,10 +81,9 @@ class CheckpointConfig:
     async_save: bool = False  # overlap writing with training (waits before the next save/exit)
 
     def __post_init__(self):
-        if self.every_steps < 1:
-            raise ValueError(f"checkpoint.every_steps must be >= 1, got {self.every_steps}")
-        if self.max_to_keep < 1:
-            raise ValueError(f"checkpoint.max_to_keep must be >= 1, got {self.max_to_keep}")
+        for name in ("every_steps", "max_to_keep"):
+            value = getattr(self, name)
+            validate.must(value >= 1, "checkpoint", name, ">= 1", value)
 
 
 @dataclasses.dataclass(frozen=True)

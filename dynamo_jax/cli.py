@@ -47,6 +47,18 @@ def _override_flag(argv: Sequence[str], key: str) -> str:
     return "--config"
 
 
+def _renamed_key_message(argv: Sequence[str], key: str) -> str | None:
+    """One line naming the new key when `key` (a field the config lacks) is a renamed one."""
+    from dynamo_jax.config import RENAMED, renamed_message
+
+    flag = _override_flag(argv, key)
+    if flag != "--config":  # an override: its section is in the flag's name
+        return renamed_message(flag.removeprefix("--config."), flag)
+    # Set inside a config file: name every section the old field was renamed in.
+    olds = [old for old in RENAMED if old.split(".", 1)[1] == key]
+    return renamed_message(olds[0]) if len(olds) == 1 else None
+
+
 def flag_error_message(err: BaseException, argv: Sequence[str]) -> str:
     """One line for an error raised while parsing the command line `argv`."""
     from absl import flags
@@ -59,6 +71,9 @@ def flag_error_message(err: BaseException, argv: Sequence[str]) -> str:
         if isinstance(e, KeyError) and text:
             key, _, hint = text.partition("\n")
             key = key.strip("'\"")
+            renamed = _renamed_key_message(argv, key)
+            if renamed:
+                return renamed
             message = f"{_override_flag(argv, key)}: the config has no field {key!r}"
             return f"{message}. {hint.strip()}" if hint.strip() else message
     root = chain[-1]

@@ -15,6 +15,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from dynamo_jax import validate
 from dynamo_jax.allocation.config import AllocationConfig
 from dynamo_jax.checkpoint import CheckpointConfig
 from dynamo_jax.data.config import DataConfig
@@ -28,14 +29,39 @@ from dynamo_jax.sharding.mesh import MeshConfig
 from dynamo_jax.temperature.config import TemperatureConfig
 
 LR_SCHEDULES = ("constant", "cosine")
+
+# Config keys renamed since older runs, "section.old" → "section.new". An old key in a config
+# file or a `--config.section.old=...` override is refused with one line naming the new key
+# (`check_renamed`, cli.py); a checkpoint saved under the old name is read under the new one
+# (workdir.py), so an older run still resumes.
+RENAMED: dict[str, str] = {
+    "loss.baseline": "loss.variant",  # it holds the method (dynamo, grpo, ...), not a baseline
+    "loss.tau": "loss.ums_tau",  # UMS's threshold; τ is the sampling temperature elsewhere
+}
+
+
+def renamed_message(old: str, flag: str | None = None) -> str | None:
+    """'<where>: renamed to <new>' for an old `section.field` key, else None."""
+    new = RENAMED.get(old)
+    if new is None:
+        return None
+    if flag is not None:
+        return f"{flag}: this key was renamed; use --config.{new}"
+    return f"config.{old} was renamed; use config.{new}"
+
+
+def check_renamed(section: str, names) -> None:
+    """`ConfigError` naming the new key if `names` (fields given for `section`) holds an old one."""
+    for name in sorted(names):
+        message = renamed_message(f"{section}.{name}")
+        if message:
+            raise ConfigError(message)
+
+
 OLD_LOGP_SOURCES = ("trainer", "engine")
 
 
-def _positive(section: str, obj: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value > 0:
-            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+_positive = validate.positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +115,7 @@ class TrainConfig:
                 f"({self.mini_batch_size})"
             )
         for name in ("pack_len", "max_tokens_per_micro_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"train.{name} must be an int >= 0, got {value!r}")
+            validate.int_at_least("train", self, name, 0)
         if self.max_tokens_per_micro_batch and self.micro_batches != 1:
             raise ValueError(
                 "set one of train.micro_batches (a fixed split) and "
@@ -101,16 +125,8 @@ class TrainConfig:
             )
         if self.max_staleness < 0:
             raise ValueError(f"train.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.old_logp_source not in OLD_LOGP_SOURCES:
-            raise ValueError(
-                f"train.old_logp_source must be one of {OLD_LOGP_SOURCES}, got "
-                f"{self.old_logp_source!r}"
-            )
-        if not isinstance(self.skip_on_policy_logprob_pass, bool):
-            raise ValueError(
-                "train.skip_on_policy_logprob_pass must be a bool, got "
-                f"{self.skip_on_policy_logprob_pass!r}"
-            )
+        validate.one_of("train", "old_logp_source", self.old_logp_source, OLD_LOGP_SOURCES)
+        validate.boolean("train", "skip_on_policy_logprob_pass", self.skip_on_policy_logprob_pass)
         if self.dynamic_sampling and self.max_staleness:
             # The extra rounds depend on the first round's rewards, so they could only be sampled
             # on the step's critical path by a newer version than the first round.
@@ -136,13 +152,12 @@ class OptimConfig:
 
     def __post_init__(self):
         _positive("optim", self, "learning_rate", "eps")
-        if self.schedule not in LR_SCHEDULES:
-            raise ValueError(f"optim.schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        validate.one_of("optim", "schedule", self.schedule, LR_SCHEDULES)
         if self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError("optim.warmup_steps and optim.weight_decay must be >= 0")
         for name in ("b1", "b2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+            value = getattr(self, name)
+            validate.must(0.0 <= value < 1.0, "optim", name, "in [0, 1)", value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +184,7 @@ class EvalConfig:
         if self.every_steps < 0 or self.max_problems < 0:
             raise ValueError("eval.every_steps and eval.max_problems must be >= 0")
         for name in ("at_start", "greedy"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"eval.{name} must be a bool, got {getattr(self, name)!r}")
+            validate.boolean("eval", name, getattr(self, name))
         _positive("eval", self, "n_samples")
         bad = [k for k in self.ks if not 1 <= k <= self.n_samples]
         if bad:
@@ -280,6 +294,7 @@ def build_section(name: str, values: Mapping[str, Any]) -> Any:
     cls = section_class(name)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     values = _plain(values)
+    check_renamed(name, set(values) - fields)
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ConfigError(

@@ -24,7 +24,8 @@ Every other difference is reported and the run continues with the new value: `tr
 raised to train further, learning rate, loss, batch split, evaluation, logging, checkpointing,
 mesh (the state is restored onto the new layout), engine and reward settings, `train.seed` (the
 random streams of the remaining steps change). A field the saved config lacks (added to the
-code since) counts as its default.
+code since) counts as its default; a field saved under its old name (config.RENAMED) counts as
+the field it was renamed to.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
-from dynamo_jax.config import RunConfig, section_class, to_json_dict
+from dynamo_jax.config import RENAMED, RunConfig, section_class, to_json_dict
 from dynamo_jax.errors import CheckpointError, ConfigError
 from dynamo_jax.sharding import multihost
 
@@ -107,7 +108,9 @@ def _blocks(name: str) -> bool:
 
 def config_differences(saved: dict, current: dict) -> tuple[list[str], list[str]]:
     """('field old → new' that block a resume, those that do not), each sorted by field."""
-    old, new = _flat(saved), _flat(json.loads(json.dumps(current)))
+    # A checkpoint of an older run names renamed fields by their old keys: compare them as new.
+    old = {RENAMED.get(name, name): value for name, value in _flat(saved).items()}
+    new = _flat(json.loads(json.dumps(current)))
     blocking, other = [], []
     for name in sorted(set(old) | set(new)):
         before = old.get(name, _default(name))

@@ -63,7 +63,8 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
     for b, t in valid:
         r = math.exp(np.clip(logp[b, t] - old_logp[b, t], -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         a = adv[b, t]
-        i_clip = (a > 0 and r <= 1 + cfg.clip_high) or (a < 0 and r >= 1 - cfg.clip_low)
+        low, high = _band(cfg)
+        i_clip = (a > 0 and r <= high) or (a < 0 and r >= low)
         xi = (r * a) if i_clip else 0.0
         xi_abs[b, t] = abs(-xi * (u[b, t] - kk[b, t]))
     xi_max = max((xi_abs[b, t] for b, t in valid), default=0.0)
@@ -74,7 +75,7 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
         a = adv[b, t]
         bc[b, t] = 1 + a_c * (h_max - ent[b, t]) / (h_max - h_min + 1e-8) if a > 0 else 1.0
         x = xi_abs[b, t] / (xi_max + 1e-8)
-        bs[b, t] = lam_min + (1 - lam_min) * _sigmoid(-cfg.gamma * (x - cfg.tau))
+        bs[b, t] = lam_min + (1 - lam_min) * _sigmoid(-cfg.gamma * (x - cfg.ums_tau))
         if not cfg.enable_gc:
             bc[b, t] = 1.0
         if not cfg.enable_ums:
@@ -83,8 +84,18 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
     return ahat, bc, bs
 
 
+def _band(cfg):
+    """The PPO clip band, written here independently of the code under test."""
+    return 1 - cfg.clip_low, 1 + cfg.clip_high
+
+
+def _clip_ratio(r, cfg):
+    low, high = _band(cfg)
+    return min(max(r, low), high)
+
+
 def _clipped(a, r, cfg):
-    loss = -min(r * a, min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high) * a)
+    loss = -min(r * a, _clip_ratio(r, cfg) * a)
     if cfg.dual_clip is not None and a < 0:
         loss = min(loss, -cfg.dual_clip * a)
     return loss
@@ -143,23 +154,23 @@ def policy_loss(inp: dict, cfg):
     log_r = np.clip(np.where(mask, logp - old, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     r = np.exp(log_r)
     ahat = adv.copy()
-    if cfg.baseline == "dynamo":
+    if cfg.variant == "dynamo":
         k = None if inp.get("k") is None else np.asarray(inp["k"], np.float64)
         ahat, _, _ = dynamo_modulation(logp, old, ent, adv, mask, k, cfg)
-    elif cfg.baseline == "entropy_adv":
+    elif cfg.variant == "entropy_adv":
         ahat = adv + np.minimum(cfg.ent_adv_kappa1 * ent, np.abs(adv) / cfg.ent_adv_kappa2)
     per_tok = np.zeros((B, L))
     for b in range(B):
         for t in range(L):
             if mask[b, t]:
                 per_tok[b, t] = _clipped(ahat[b, t], r[b, t], cfg)
-    if cfg.baseline == "fork_tokens":
+    if cfg.variant == "fork_tokens":
         thr = np.quantile(ent[mask], 1 - cfg.fork_top_ratio) if n_tok else np.inf
         per_tok = np.where(ent >= thr, per_tok, 0.0)
-    elif cfg.baseline == "clip_cov":
+    elif cfg.variant == "clip_cov":
         cov = _covariance(logp, adv, mask)
         clipped = np.array(
-            [[-adv[b, t] * min(max(r[b, t], 1 - cfg.clip_low), 1 + cfg.clip_high) > -adv[b, t] * r[b, t]
+            [[-adv[b, t] * _clip_ratio(r[b, t], cfg) > -adv[b, t] * r[b, t]
               for t in range(L)] for b in range(B)]
         )  # fmt: skip
         cand = [(b, t) for b in range(B) for t in range(L)
@@ -168,7 +179,7 @@ def policy_loss(inp: dict, cfg):
         noise = np.asarray(inp["noise"], np.float64)
         for b, t in sorted(cand, key=lambda bt: noise[bt])[:clip_num]:
             per_tok[b, t] = 0.0
-    elif cfg.baseline == "kl_cov":
+    elif cfg.variant == "kl_cov":
         cov = _covariance(logp, adv, mask)
         per_tok = np.where(mask, -adv * r, 0.0)
         valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
@@ -178,7 +189,7 @@ def policy_loss(inp: dict, cfg):
             per_tok[b, t] += cfg.kl_cov_coef * abs(log_r[b, t])
     groups = (inp.get("group"), inp.get("group_size"))
     loss = _aggregate(per_tok, mask, cfg, groups)
-    if cfg.baseline == "entropy_loss":
+    if cfg.variant == "entropy_loss":
         loss -= cfg.entropy_coef * _aggregate(ent, mask, cfg, groups)
     if cfg.kl != "none":
         k1 = logp - np.asarray(inp["ref_logp"], np.float64)

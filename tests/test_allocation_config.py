@@ -58,3 +58,31 @@ def test_g_min_two_needed_with_std_normalisation():
     with pytest.raises(ValueError, match="AllocationConfig.g_min.*norm_adv_by_std"):
         cfg.validate_against(norm_adv_by_std=True)
     AllocationConfig(g_min=2, n_avg=4, g_max=8).validate_against(norm_adv_by_std=True)
+
+
+
+def test_one_record_per_policy_and_every_key_belongs_to_one():
+    """The policies are listed once (allocation/registry.py); each policy's settings record is
+    built from AllocationConfig's flat keys, and every key is shared or some policy's own."""
+    import dataclasses
+
+    from dynamo_jax.allocation import config, registry, settings
+
+    assert config.POLICIES == tuple(registry.POLICIES) == registry.names()
+    keys = {f.name for f in dataclasses.fields(AllocationConfig)}
+    owned = set()
+    for name, policy in registry.POLICIES.items():
+        assert policy.name == name
+        record = policy.settings
+        assert issubclass(record, settings.PolicySettings) and record.__dataclass_params__.frozen
+        assert set(record.KEYS) == {f.name for f in dataclasses.fields(record)}
+        assert set(record.KEYS.values()) <= keys
+        owned |= set(record.KEYS.values())
+        cfg = AllocationConfig(policy=name)
+        assert type(cfg.settings) is record
+        assert type(policy.allocator(cfg)).__name__.endswith("Allocator")
+    assert keys - owned == {"policy", "n_avg", "g_min", "g_max", "decay"}
+    got = AllocationConfig(policy="dynamo_as_run", as_run_tie_break=0.5, released_mastered_acc=0.9)
+    assert (got.settings.tie_break, got.settings.mastered_acc) == (0.5, 0.9)
+    with pytest.raises(ValueError, match="unknown allocation policy 'x'"):
+        registry.get("x")

@@ -50,13 +50,13 @@ def test_tiny_methods_share_the_rollout_budget():
     runs = {m: _load("tiny", f"method={m}") for m in METHODS}
     budgets = {m: r.train.prompts_per_step * r.allocation.n_avg for m, r in runs.items()}
     assert len(set(budgets.values())) == 1
-    assert runs["dynamo"].allocation.policy == "dynamo" and runs["dynamo"].loss.baseline == "dynamo"
-    assert runs["grpo"].allocation.policy == "uniform" and runs["grpo"].loss.baseline == "grpo"
+    assert runs["dynamo"].allocation.policy == "dynamo" and runs["dynamo"].loss.variant == "dynamo"
+    assert runs["grpo"].allocation.policy == "uniform" and runs["grpo"].loss.variant == "grpo"
     assert runs["e3"].temperature.mode == "e3" and runs["e3"].temperature.anneal
     # The two halves of DynaMO, each alone (Table 2's ablations at tiny scale).
     no_dra, no_mod = runs["dynamo_no_dra"], runs["dynamo_no_modulation"]
-    assert no_dra.allocation.policy == "uniform" and no_dra.loss.baseline == "dynamo"
-    assert no_mod.allocation == runs["dynamo"].allocation and no_mod.loss.baseline == "grpo"
+    assert no_dra.allocation.policy == "uniform" and no_dra.loss.variant == "dynamo"
+    assert no_mod.allocation == runs["dynamo"].allocation and no_mod.loss.variant == "grpo"
 
 
 def test_tiny_allocation_variants_change_only_the_allocation():
@@ -109,7 +109,7 @@ def test_tiny_task_argument_changes_only_the_data_and_rate():
 )
 def test_table_baselines_and_ablations_are_one_argument_away(arg, baseline, policy, gc, ums):
     run = _load("dynamo_qwen25_math_7b", arg)
-    assert (run.loss.baseline, run.allocation.policy) == (baseline, policy)
+    assert (run.loss.variant, run.allocation.policy) == (baseline, policy)
     assert (run.loss.enable_gc, run.loss.enable_ums) == (gc, ums)
     assert run.rollout.engine == "vllm" and run.allocation.n_avg == 16
 
@@ -117,14 +117,14 @@ def test_table_baselines_and_ablations_are_one_argument_away(arg, baseline, poli
 def test_reproduction_hyperparameters_state_effective_clips():
     run = _load("dynamo_qwen25_math_7b")
     assert (run.loss.clip_low, run.loss.clip_high, run.loss.dual_clip) == (0.2, 0.28, 10.0)
-    assert (run.loss.alpha_comp, run.loss.alpha_stab, run.loss.gamma, run.loss.tau) == (
+    assert (run.loss.alpha_comp, run.loss.alpha_stab, run.loss.gamma, run.loss.ums_tau) == (
         0.2,
         0.4,
         50.0,
         0.99,
     )
     small = _load("dynamo_qwen25_math_1p5b")
-    assert (small.loss.alpha_comp, small.loss.alpha_stab, small.loss.tau) == (0.4, 0.4, 0.9)
+    assert (small.loss.alpha_comp, small.loss.alpha_stab, small.loss.ums_tau) == (0.4, 0.4, 0.9)
     e3 = _load("e3_r1_distill_7b")
     assert e3.allocation.policy == "e3" and e3.allocation.n_avg == 8
     assert e3.temperature.anneal and e3.temperature.vocab_size == e3.model.vocab_size

@@ -108,7 +108,7 @@ def test_dynamo_configs_hold_table_3(name, preset, devices, max_prompt, max_resp
     # advantages normalised by std, no KL term, no entropy term (that is the entropy_loss
     # baseline's, not DynaMO's).
     loss = run.loss
-    assert (loss.baseline, loss.clip_low, loss.clip_high, loss.dual_clip) == (
+    assert (loss.variant, loss.clip_low, loss.clip_high, loss.dual_clip) == (
         "dynamo",
         0.2,
         0.28,
@@ -183,7 +183,7 @@ def test_allocation_switch_picks_any_known_policy():
 
 def test_the_7b_modulation_is_the_authors_7b_script():
     run = _load("dynamo_qwen25_math_7b")
-    assert (run.loss.alpha_comp, run.loss.alpha_stab, run.loss.gamma, run.loss.tau) == (
+    assert (run.loss.alpha_comp, run.loss.alpha_stab, run.loss.gamma, run.loss.ums_tau) == (
         0.2,
         0.4,
         50.0,
@@ -191,9 +191,9 @@ def test_the_7b_modulation_is_the_authors_7b_script():
     )
     for name in ("dynamo_qwen25_math_1p5b", "dynamo_qwen3_14b"):
         loss = _load(name).loss
-        assert (loss.alpha_comp, loss.alpha_stab, loss.gamma, loss.tau) == (0.4, 0.4, 50.0, 0.9)
+        assert (loss.alpha_comp, loss.alpha_stab, loss.gamma, loss.ums_tau) == (0.4, 0.4, 50.0, 0.9)
     # Baselines keep their own published presets on the 7B too.
-    assert _load("dynamo_qwen25_math_7b", "baseline=grpo").loss.tau == 0.9
+    assert _load("dynamo_qwen25_math_7b", "baseline=grpo").loss.ums_tau == 0.9
 
 
 @pytest.mark.parametrize("name,preset,devices,lr", E3)
@@ -227,7 +227,7 @@ def test_e3_configs_hold_the_papers_training_details(name, preset, devices, lr):
         0,
         "constant",
     )
-    assert (run.loss.baseline, run.loss.clip_low, run.loss.clip_high) == ("grpo", 0.2, 0.2)
+    assert (run.loss.variant, run.loss.clip_low, run.loss.clip_high) == ("grpo", 0.2, 0.2)
     assert run.loss.kl == "none"
     # Not in the paper, read from the authors' verl actor: dual clip c = 3, weight decay 0.01.
     assert (run.loss.dual_clip, run.optim.weight_decay, run.optim.max_grad_norm) == (3.0, 0.01, 1.0)

@@ -8,7 +8,7 @@ from dynamo_jax.losses import BASELINES, LossConfig
 @pytest.mark.parametrize(
     "kwargs,field",
     [
-        (dict(baseline="ppo"), "baseline"),
+        (dict(variant="ppo"), "variant"),
         (dict(loss_agg_mode="sum"), "loss_agg_mode"),
         (dict(loss_agg_mode="seq-mean-token-sum-norm"), "max_len_norm"),
         (dict(dual_clip=0.5), "dual_clip"),
@@ -31,17 +31,17 @@ def test_bad_values_raise_naming_the_field(kwargs, field):
 
 def test_presets_and_derived_values():
     for name in BASELINES:
-        assert LossConfig.preset(name).baseline == name
+        assert LossConfig.preset(name).variant == name
     g, d = LossConfig.preset("grpo"), LossConfig.preset("clip_higher")
     assert (g.clip_low, g.clip_high, g.dual_clip) == (0.2, 0.2, None)
     assert (d.clip_low, d.clip_high) == (0.2, 0.28)
-    dyn = LossConfig.preset("dynamo", comp_alpha=0.2, stab_alpha=0.4, tau=0.99)
+    dyn = LossConfig.preset("dynamo", comp_alpha=0.2, stab_alpha=0.4, ums_tau=0.99)
     assert (dyn.alpha_comp, dyn.alpha_stab, dyn.needs_k) == (0.2, 0.4, True)
     assert not LossConfig.preset("dynamo", entropy_change="sequence_mean").needs_k
     assert not g.needs_k
     assert LossConfig.preset("entropy_adv").ent_adv_kappa1 == 0.4
     assert LossConfig.preset("w_reinforce").w_reinforce_lambda == 0.1
-    with pytest.raises(ValueError, match="LossConfig.baseline"):
+    with pytest.raises(ValueError, match="LossConfig.variant"):
         LossConfig.preset("dapo")
 
 

@@ -78,7 +78,7 @@ def test_every_baseline_and_mode_matches_reference(inputs, baseline, agg):
         dict(entropy_change="sequence_mean"),
         dict(enable_gc=False),
         dict(enable_ums=False),
-        dict(alpha=0.3, comp_alpha=0.2, stab_alpha=0.4, tau=0.99, dual_clip=None),
+        dict(alpha=0.3, comp_alpha=0.2, stab_alpha=0.4, ums_tau=0.99, dual_clip=None),
         dict(kl="k3", kl_coef=0.05),
         dict(kl="k1", kl_coef=0.05, loss_agg_mode="seq-mean-token-mean"),
         dict(loss_agg_mode="prompt-mean", enable_gc=False),
@@ -338,7 +338,7 @@ LAYOUT_CONFIGS = (
 @pytest.mark.parametrize(
     "cfg",
     LAYOUT_CONFIGS,
-    ids=lambda c: f"{c.baseline}-{c.loss_agg_mode}-{c.entropy_change}-{c.kl}",
+    ids=lambda c: f"{c.variant}-{c.loss_agg_mode}-{c.entropy_change}-{c.kl}",
 )
 def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
     """docs/algorithm.md#packed-sequences: the same sequences packed several to a row (segment ids) or one per

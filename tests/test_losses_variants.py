@@ -96,7 +96,7 @@ def test_builtin_variants_are_registered_with_their_presets():
     for name in BASELINES:
         variant = registry.get(name)
         assert variant.name == name and variant.source
-        assert LossConfig.preset(name).baseline == name
+        assert LossConfig.preset(name).variant == name
     assert registry.get("clip_cov").needs_noise
     assert registry.get("kl_cov").needs_noise  # breaks ties at its covariance cut
     assert not any(
@@ -110,9 +110,9 @@ def test_builtin_variants_are_registered_with_their_presets():
 
 def test_unregistered_names_are_refused_until_registered(toy_variant):
     cfg = LossConfig.preset(TOY)
-    assert cfg.baseline == TOY and cfg.clip_high == 0.2 and not cfg.needs_k
+    assert cfg.variant == TOY and cfg.clip_high == 0.2 and not cfg.needs_k
     registry.unregister(TOY)
-    with pytest.raises(ValueError, match="LossConfig.baseline"):
+    with pytest.raises(ValueError, match="LossConfig.variant"):
         LossConfig.preset(TOY)
     register(toy_variant)
 

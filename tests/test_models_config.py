@@ -4,6 +4,7 @@ import jax
 import pytest
 import transformers
 
+from dynamo_jax.models import families
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.presets import PUBLISHED_NUM_PARAMS, get_preset
 from dynamo_jax.models.qwen import param_shapes
@@ -115,3 +116,18 @@ def test_from_hf_config_errors():
         ModelConfig.from_hf_config({**base, "use_sliding_window": True})
     with pytest.raises(ValueError, match="hidden_size"):
         ModelConfig.from_hf_config({k: v for k, v in base.items() if k != "hidden_size"})
+
+
+@pytest.mark.parametrize("name", families.names())
+def test_every_family_record_round_trips_its_config_json(name):
+    """One record per family (models/families.py): its HF names and switches reach config.json
+    and come back; transformers knows its architecture."""
+    family = families.FAMILIES[name]
+    cfg = get_preset("tiny-qwen3").replace(family=name, qkv_bias=None, qk_norm=None)
+    assert (cfg.qkv_bias, cfg.qk_norm) == (family.qkv_bias, family.qk_norm)
+    hf = cfg.to_hf_config()
+    assert hf["architectures"] == [family.architecture] and hf["model_type"] == name
+    assert hasattr(transformers, family.architecture)
+    back = ModelConfig.from_hf_config(hf)
+    for field in ("family", "qkv_bias", "qk_norm", "head_dim", "num_kv_heads", "rope_theta"):
+        assert getattr(back, field) == getattr(cfg, field), field

@@ -97,7 +97,7 @@ def test_settings_map_the_tiny_grpo_run_one_to_one():
     assert kw["seed"] == kw["data_seed"] == 3
     assert not kw["bf16"] and not kw["fp16"] and "generation_kwargs" not in kw
     assert all(len(row) == 4 and all(isinstance(c, str) for c in row) for row in rows)
-    assert ("loss.baseline / loss_agg_mode", "grpo / token-mean", "loss_type", "bnpo") in rows
+    assert ("loss.variant / loss_agg_mode", "grpo / token-mean", "loss_type", "bnpo") in rows
 
 
 def test_settings_of_the_small_shape_force_the_length():
@@ -115,7 +115,7 @@ def test_settings_of_the_small_shape_force_the_length():
         ({"train__micro_batches": 2}, "micro-batches"),
         ({"loss__kl": "k1"}, "loss.kl"),
         ({"loss__dual_clip": 3.0}, "dual_clip"),
-        ({"loss__baseline": "clip_higher"}, "baseline"),
+        ({"loss__variant": "clip_higher"}, "variant"),
         ({"optim__schedule": "cosine"}, "schedule"),
     ],
 )

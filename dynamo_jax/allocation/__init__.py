@@ -4,12 +4,8 @@ runs on. The sampling temperature has its own package, dynamo_jax/temperature/."
 
 from dynamo_jax.allocation.config import AllocationConfig
 from dynamo_jax.allocation.history import PromptHistory
-from dynamo_jax.allocation.policies import (
-    AllocationResult,
-    Allocator,
-    make_allocator,
-    make_history,
-)
+from dynamo_jax.allocation.policies import AllocationResult, Allocator, make_history
+from dynamo_jax.allocation.registry import make_allocator
 
 __all__ = [
     "AllocationConfig",

@@ -9,35 +9,27 @@ docs/algorithm.md#e3-allocation (E3). `dynamo_jax/config.py` maps the ConfigDict
 from __future__ import annotations
 
 import dataclasses
-import math
 
-POLICIES = ("uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3")
-# Options of the "dynamo" policy (docs/algorithm.md#allocation-variants); the first of each is
-# the paper's rule.
-ALLOCATE_BY = ("variance", "std")
-PRIORITIES = ("unbiased", "posterior")
+from dynamo_jax import validate
+from dynamo_jax.allocation import registry
+from dynamo_jax.allocation.settings import ALLOCATE_BY, PRIORITIES, PolicySettings
 
+POLICIES = registry.names()  # the one list: allocation/registry.py
+__all__ = ["ALLOCATE_BY", "POLICIES", "PRIORITIES", "AllocationConfig"]
 
-def _require(ok: bool, cls: str, field: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{cls}.{field}: {message}")
+_require = validate.require  # (ok, class name, field, message)
 
 
 @dataclasses.dataclass(frozen=True)
 class AllocationConfig:
     """How a batch's rollout budget B = N · n_avg is split over its N prompts.
 
-    policy:
-      "uniform"          n_avg each (the GRPO baseline; also DynaMO's "DRA off" ablation).
-      "dynamo"           paper Alg. 1: water-level allocation by the unbiased Bernoulli
-                         variance P_i = k_i (G_i - k_i) / (G_i (G_i - 1)).
-      "dynamo_as_run"    what the authors' released script runs
-                         (docs/algorithm.md#dynamo-as-the-authors-run-it): their floored, tie-broken priority and their
-                         exploration / raise / proportional-pour split.
-      "dynamo_released"  the heuristic of the recipe's own dataset class, which the authors'
-                         script never runs (docs/algorithm.md#the-recipes-other-heuristic).
-      "e3"               E3 difficulty-rank allocation with the widening [G_min, G_max]
-                         curriculum (docs/algorithm.md#e3-allocation).
+    policy: a record of `allocation/registry.py` (uniform, dynamo, dynamo_as_run,
+    dynamo_released, e3; each allocator's docstring in `allocation/policies.py` says what it
+    does). `policy`, `n_avg`, `g_min`, `g_max` and `decay` are shared; the other keys are the
+    policies' own settings: they stay flat config keys (their defaults are here, once), and each
+    policy's frozen record (`allocation/settings.py`) is built from them here, at the edge; the
+    allocator reads only its record (`settings`).
     Bounds: every prompt gets n_i in [g_min, g_max] (for "e3" these are the curriculum's
     limits; the bounds start at n_avg and widen by `e3_curriculum_step` per epoch).
     `allocate_by`, `priority` and `entropy_factor` are options of "dynamo" only
@@ -82,24 +74,9 @@ class AllocationConfig:
     def __post_init__(self):
         c = "AllocationConfig"
         _require(self.policy in POLICIES, c, "policy", f"{self.policy!r} not one of {POLICIES}")
-        for name in (
-            "n_avg",
-            "g_min",
-            "g_max",
-            "min_history",
-            "e3_curriculum_step",
-            "released_explore_rollouts",
-            "released_explore_below",
-            "as_run_explore_to",
-            "as_run_min_history",
-        ):
+        for name in ("n_avg", "g_min", "g_max"):
             value = getattr(self, name)
-            _require(
-                isinstance(value, int) and not isinstance(value, bool),
-                c,
-                name,
-                f"must be an int, got {value!r}",
-            )
+            _require(validate.is_int(value), c, name, f"must be an int, got {value!r}")
         _require(self.g_min >= 1, c, "g_min", f"must be >= 1, got {self.g_min}")
         _require(
             self.g_min <= self.n_avg <= self.g_max,
@@ -108,116 +85,29 @@ class AllocationConfig:
             f"need g_min <= n_avg <= g_max, got g_min={self.g_min}, n_avg={self.n_avg}, "
             f"g_max={self.g_max}",
         )
-        _require(
-            self.min_history >= 2,
-            c,
-            "min_history",
-            f"must be >= 2 (P_i is defined for G_i >= 2), got {self.min_history}",
-        )
         _require(0.0 < self.decay <= 1.0, c, "decay", f"must be in (0, 1], got {self.decay}")
-        _require(
-            self.e3_curriculum_step >= 1,
-            c,
-            "e3_curriculum_step",
-            f"must be >= 1, got {self.e3_curriculum_step}",
-        )
-        _require(
-            0.0 < self.released_priority_floor <= 1.0,
-            c,
-            "released_priority_floor",
-            f"must be in (0, 1], got {self.released_priority_floor}",
-        )
-        _require(
-            0.0 < self.released_mastered_acc <= 1.0,
-            c,
-            "released_mastered_acc",
-            f"must be in (0, 1], got {self.released_mastered_acc}",
-        )
-        _require(
-            self.released_explore_rollouts >= 1,
-            c,
-            "released_explore_rollouts",
-            f"must be >= 1, got {self.released_explore_rollouts}",
-        )
-        _require(
-            self.released_explore_below >= 0,
-            c,
-            "released_explore_below",
-            f"must be >= 0, got {self.released_explore_below}",
-        )
-
-        self._check_variants(c)
-        self._check_as_run(c)
-
-    def _check_variants(self, c: str) -> None:
-        _require(
-            self.allocate_by in ALLOCATE_BY,
-            c,
-            "allocate_by",
-            f"{self.allocate_by!r} not one of {ALLOCATE_BY}",
-        )
-        _require(
-            self.priority in PRIORITIES, c, "priority", f"{self.priority!r} not one of {PRIORITIES}"
-        )
-        for name in ("prior_a", "prior_b"):
-            value = getattr(self, name)
-            _require(
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value > 0,
-                c,
-                name,
-                f"must be a finite number > 0 (a Beta prior count), got {value!r}",
-            )
-        _require(
-            isinstance(self.entropy_factor, bool),
-            c,
-            "entropy_factor",
-            f"must be a bool, got {self.entropy_factor!r}",
-        )
-        if self.policy != "dynamo":
-            # A variant left on under another policy would be silently ignored.
-            for name, paper in (
-                ("allocate_by", "variance"),
-                ("priority", "unbiased"),
-                ("entropy_factor", False),
-            ):
+        # Every policy's settings are built (so validated), whichever policy runs; the running
+        # policy's record is the one its allocator reads.
+        records = {name: p.settings.from_config(self) for name, p in registry.POLICIES.items()}
+        for name, p in registry.POLICIES.items():
+            if name == self.policy:
+                continue
+            # A policy's own option left on under another policy would be silently ignored.
+            for key, paper in p.settings.EXCLUSIVE.items():
                 _require(
-                    getattr(self, name) == paper,
+                    getattr(self, key) == paper,
                     c,
-                    name,
-                    f"is an option of policy 'dynamo' only; policy {self.policy!r} needs the "
-                    f"default {paper!r}, got {getattr(self, name)!r}",
+                    key,
+                    f"is an option of policy {name!r} only; policy {self.policy!r} needs the "
+                    f"default {paper!r}, got {getattr(self, key)!r}",
                 )
+        records[self.policy].check_config(self)
+        object.__setattr__(self, "_settings", records[self.policy])
 
-    def _check_as_run(self, c: str) -> None:
-        _require(
-            self.as_run_explore_to >= 0,
-            c,
-            "as_run_explore_to",
-            f"must be >= 0, got {self.as_run_explore_to}",
-        )
-        _require(
-            self.as_run_min_history >= 2,
-            c,
-            "as_run_min_history",
-            f"must be >= 2 (P_i is defined for G_i >= 2), got {self.as_run_min_history}",
-        )
-        _require(
-            math.isfinite(self.as_run_tie_break) and self.as_run_tie_break >= 0,
-            c,
-            "as_run_tie_break",
-            f"must be finite and >= 0, got {self.as_run_tie_break}",
-        )
-        if self.policy == "dynamo_as_run":
-            _require(
-                self.decay == 1.0,
-                c,
-                "decay",
-                "policy 'dynamo_as_run' counts rollouts over the whole run, never decayed; "
-                f"need decay=1.0, got {self.decay}",
-            )
+    @property
+    def settings(self) -> PolicySettings:
+        """The running policy's settings record (allocation/settings.py)."""
+        return self._settings
 
     def validate_against(self, norm_adv_by_std: bool) -> None:
         """Cross-check with the loss: a group of one response has no std, so no advantage."""

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from dynamo_jax.allocation.config import AllocationConfig
 from dynamo_jax.allocation.history import PromptHistory, check_indices
 from dynamo_jax.allocation.priorities import (
     as_run_priority,
@@ -39,12 +38,16 @@ from dynamo_jax.allocation.water_level import (
     water_fill,
 )
 
+# The allocators take the `AllocationConfig` (allocation/config.py), which imports the registry,
+# which imports this module: typed `Any` here so the import graph has no cycle.
+AllocationConfig = Any
+
 
 @dataclasses.dataclass(frozen=True)
 class AllocationResult:
     """n[i] rollouts for prompt indices[i]; shortfall = budget − Σn (> 0 only when N·G_max < B)."""
 
-    n: np.ndarray  # int64 [N]
+    n: np.ndarray  # int64 [I]
     shortfall: int
     diagnostics: dict[str, float]
 
@@ -144,11 +147,11 @@ class _PriorityWaterLevel:
         return _result(n, short, lowered, extra)
 
 
-# σ_i² estimates by `AllocationConfig.priority`, and the water-fill weight as a function of
-# the σ_i² estimate by `AllocationConfig.allocate_by` (docs/algorithm.md#allocation-variants).
+# σ_i² estimates by `DynamoSettings.priority`, and the water-fill weight as a function of
+# the σ_i² estimate by `DynamoSettings.allocate_by` (docs/algorithm.md#allocation-variants).
 _SIGMA2 = {
-    "unbiased": lambda g, k, cfg: unbiased_priority(g, k),
-    "posterior": lambda g, k, cfg: posterior_priority(g, k, cfg.prior_a, cfg.prior_b),
+    "unbiased": lambda g, k, s: unbiased_priority(g, k),
+    "posterior": lambda g, k, s: posterior_priority(g, k, s.prior_a, s.prior_b),
 }
 _WEIGHT = {"variance": lambda sigma2: sigma2, "std": np.sqrt}
 
@@ -180,15 +183,16 @@ class DynamoAllocator(_PriorityWaterLevel):
 
     def __init__(self, cfg: AllocationConfig):
         super().__init__(cfg)
-        self._sigma2 = _SIGMA2[cfg.priority]
-        self._weight = _WEIGHT[cfg.allocate_by]
+        self.settings = cfg.settings  # DynamoSettings
+        self._sigma2 = _SIGMA2[self.settings.priority]
+        self._weight = _WEIGHT[self.settings.allocate_by]
 
     def _fixed_and_priority(self, idx, history):
-        cfg = self.cfg
-        scarce = history.generated[idx] < cfg.min_history
-        sigma2 = self._sigma2(history.generated[idx], history.correct[idx], cfg)
+        cfg, s = self.cfg, self.settings
+        scarce = history.generated[idx] < s.min_history
+        sigma2 = self._sigma2(history.generated[idx], history.correct[idx], s)
         diagnostics = {}
-        if cfg.entropy_factor:
+        if s.entropy_factor:
             f, known = entropy_factors(history.entropy_mean[idx])
             sigma2 = sigma2 * f**2
             diagnostics["alloc/entropy_known_share"] = known
@@ -218,11 +222,12 @@ class AsRunDynamoAllocator:
 
     def __init__(self, cfg: AllocationConfig):
         self.cfg = cfg
+        self.settings = cfg.settings  # AsRunSettings
 
     def allocate(
         self, indices: np.ndarray, history: PromptHistory, budget: int
     ) -> AllocationResult:
-        cfg = self.cfg
+        cfg, s = self.cfg, self.settings
         idx = check_indices(indices, history.num_prompts, "allocate: indices")
         budget = _check_budget(budget)
         # decay is 1 for this policy (config check), so `correct` is the cumulative k.
@@ -230,12 +235,12 @@ class AsRunDynamoAllocator:
         priority = as_run_priority(
             g,
             history.correct[idx],
-            cfg.as_run_min_history,
-            cfg.released_priority_floor,
-            cfg.released_mastered_acc,
-            cfg.as_run_tie_break,
+            s.min_history,
+            s.priority_floor,
+            s.mastered_acc,
+            s.tie_break,
         )
-        explore_to = max(cfg.g_min, cfg.as_run_explore_to)
+        explore_to = max(cfg.g_min, s.explore_to)
         exploring = g < explore_to
 
         def fill(pos, sub_budget):
@@ -268,9 +273,9 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
     """
 
     def _fixed_and_priority(self, idx, history):
-        cfg = self.cfg
-        explore = history.total_generated[idx] < cfg.released_explore_below
-        target = int(np.clip(cfg.released_explore_rollouts, cfg.g_min, cfg.g_max))
+        cfg, s = self.cfg, self.cfg.settings  # ReleasedSettings
+        explore = history.total_generated[idx] < s.explore_below
+        target = int(np.clip(s.explore_rollouts, cfg.g_min, cfg.g_max))
         return explore, np.where(explore, 0.0, history.released_priority[idx]), target, {}
 
     def on_epoch_end(self, history: PromptHistory) -> None:
@@ -278,8 +283,8 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
             history.epoch_generated,
             history.epoch_above_mean,
             history.released_priority,
-            self.cfg.released_priority_floor,
-            self.cfg.released_mastered_acc,
+            self.cfg.settings.priority_floor,
+            self.cfg.settings.mastered_acc,
         )
         history.end_epoch()
 
@@ -308,9 +313,8 @@ class E3Allocator:
 
     def bounds(self, history: PromptHistory) -> tuple[int, int]:
         cfg = self.cfg
-        return e3_bounds(
-            history.epochs_completed, cfg.n_avg, cfg.g_min, cfg.g_max, cfg.e3_curriculum_step
-        )
+        step = cfg.settings.curriculum_step  # E3Settings
+        return e3_bounds(history.epochs_completed, cfg.n_avg, cfg.g_min, cfg.g_max, step)
 
     def allocate(
         self, indices: np.ndarray, history: PromptHistory, budget: int
@@ -334,20 +338,6 @@ class E3Allocator:
     def on_epoch_end(self, history: PromptHistory) -> None:
         history.e3_rank = e3_difficulty_rank(history.total_generated, history.total_reward)
         history.end_epoch()
-
-
-_POLICIES = {
-    "uniform": UniformAllocator,
-    "dynamo": DynamoAllocator,
-    "dynamo_as_run": AsRunDynamoAllocator,
-    "dynamo_released": ReleasedDynamoAllocator,
-    "e3": E3Allocator,
-}
-
-
-def make_allocator(cfg: AllocationConfig) -> Allocator:
-    """The allocator named by `cfg.policy`."""
-    return _POLICIES[cfg.policy](cfg)
 
 
 def make_history(cfg: AllocationConfig, num_prompts: int) -> PromptHistory:

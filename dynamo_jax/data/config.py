@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from dynamo_jax import validate
+
 # Qwen2.5-Math's chain-of-thought system prompt (its evaluation template "qwen25-math-cot").
 QWEN_MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -20,8 +22,7 @@ MAX_LINE_BYTES = 1 << 20
 
 
 def _choice(name: str, value, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
+    validate.one_of("DataConfig", name, value, allowed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,24 +65,15 @@ class DataConfig:
             raise ValueError("DataConfig.paths must name at least one file when task='math'")
         if not isinstance(self.system_prompt, str):
             raise ValueError(f"DataConfig.system_prompt must be a str, got {self.system_prompt!r}")
-        if not isinstance(self.max_prompt_tokens, int) or self.max_prompt_tokens < 1:
-            raise ValueError(
-                f"DataConfig.max_prompt_tokens must be an int >= 1, got {self.max_prompt_tokens!r}"
-            )
+        validate.int_at_least("DataConfig", self, "max_prompt_tokens", 1)
         if not 2 <= self.synthetic_modulus <= 10:
             raise ValueError(
                 "DataConfig.synthetic_modulus must be in [2, 10] (answers are one digit), "
                 f"got {self.synthetic_modulus}"
             )
-        if not isinstance(self.max_line_bytes, int) or self.max_line_bytes < 1:
-            raise ValueError(
-                f"DataConfig.max_line_bytes must be an int >= 1, got {self.max_line_bytes!r}"
-            )
+        validate.int_at_least("DataConfig", self, "max_line_bytes", 1)
         for name in ("synthetic_num_rows", "seed"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(
-                    f"DataConfig.{name} must be an int >= 0, got {getattr(self, name)!r}"
-                )
+            validate.int_at_least("DataConfig", self, name, 0)
 
     def synthetic_config(self):
         """The `SyntheticConfig` these fields describe (task="synthetic")."""

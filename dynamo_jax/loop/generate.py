@@ -30,7 +30,7 @@ from dynamo_jax.temperature import TemperatureScheduler
 class Rollouts:
     """What the generate stage produced: the step's prompts, their allocation, the completions."""
 
-    rows: np.ndarray  # int64 [N] dataset rows of the step's prompts
+    rows: np.ndarray  # int64 [I] dataset rows of the step's prompts
     epoch_end: bool  # the data iterator finished a pass over the dataset with this batch
     allocation: AllocationResult  # n_i per prompt (aligned with `rows`)
     completions: list[Completion]  # grouped by prompt in `rows` order, then by sample

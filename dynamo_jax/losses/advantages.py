@@ -49,23 +49,24 @@ def grpo_advantages(
     seg_B = _dense_group_index(group_ids_B, valid_B, num_groups)
     nseg = num_groups + 1
     r_B = jnp.where(valid_B, rewards_B, 0.0)
-    count_G = ops.segment_sum(valid_B.astype(jnp.float32), seg_B, nseg)
+    # Per prompt group: [I + 1] (segment 0 holds the invalid rows).
+    count_I = ops.segment_sum(valid_B.astype(jnp.float32), seg_B, nseg)
     # Centre on each group's max first: R − max is exact in float32 (Sterbenz) for rewards within
     # a factor of 2, so the mean's rounding error scales with the group's spread, not with |R|.
     # A group of equal rewards then gets exactly 0 (a float32 mean of three 0.78756892s is not
     # 0.78756892, and dividing that rounding by std + ε made an advantage of 0.056 from nothing).
-    max_G = ops.segment_max(jnp.where(valid_B, r_B, -jnp.inf), seg_B, nseg)
-    d_B = jnp.where(valid_B, r_B - max_G[seg_B], 0.0)
-    mean_d_G = ops.segment_sum(d_B, seg_B, nseg) / jnp.maximum(count_G, 1.0)
-    centred_B = jnp.where(valid_B, d_B - mean_d_G[seg_B], 0.0)
+    max_I = ops.segment_max(jnp.where(valid_B, r_B, -jnp.inf), seg_B, nseg)
+    d_B = jnp.where(valid_B, r_B - max_I[seg_B], 0.0)
+    mean_d_I = ops.segment_sum(d_B, seg_B, nseg) / jnp.maximum(count_I, 1.0)
+    centred_B = jnp.where(valid_B, d_B - mean_d_I[seg_B], 0.0)
     if norm_adv_by_std:
-        var_G = ops.segment_sum(centred_B**2, seg_B, nseg) / jnp.maximum(count_G - 1.0, 1.0)
-        adv_B = centred_B / (jnp.sqrt(var_G)[seg_B] + eps)
+        var_I = ops.segment_sum(centred_B**2, seg_B, nseg) / jnp.maximum(count_I - 1.0, 1.0)
+        adv_B = centred_B / (jnp.sqrt(var_I)[seg_B] + eps)
     else:
         adv_B = centred_B
     # A lone response has no group to compare with: its advantage is 0 (centred_B is 0 already,
     # the explicit mask documents it and guards the std branch).
-    return jnp.where(valid_B & (count_G[seg_B] > 1.0), adv_B, 0.0)
+    return jnp.where(valid_B & (count_I[seg_B] > 1.0), adv_B, 0.0)
 
 
 def w_reinforce_advantages(rewards_B, *, lam: float = 0.1, valid_B=None):
@@ -77,7 +78,7 @@ def w_reinforce_advantages(rewards_B, *, lam: float = 0.1, valid_B=None):
 
 def sequence_advantages(cfg: LossConfig, rewards_B, group_ids_B, *, num_groups=None, valid_B=None):
     """The sequence advantages of the configured variant (GRPO unless it defines its own)."""
-    variant = registry.get(cfg.baseline)
+    variant = registry.get(cfg.variant)
     if variant.sequence_advantages is not None:
         return variant.sequence_advantages(cfg, rewards_B, group_ids_B, num_groups, valid_B)
     return grpo_advantages(

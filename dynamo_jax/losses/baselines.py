@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dynamo_jax.losses.batch import TokenBatch, as_mask, kth_smallest, masked_quantile
+from dynamo_jax.losses.clip import clip_ratio
 
 
 def entropy_adv_advantage(adv, ent, kappa1, kappa2):
@@ -43,7 +44,7 @@ def token_covariance(logp, adv, logp_mean, adv_mean):
 
 def clipped_by_ppo(adv, r, clip_low, clip_high):
     """Tokens where the clipped term wins the PPO max (verl's `clip_by_origin`)."""
-    return -adv * jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high) > -adv * r
+    return -adv * clip_ratio(r, clip_low, clip_high) > -adv * r
 
 
 def clip_cov_candidates(batch: TokenBatch, r, logp_mean, adv_mean, cfg):

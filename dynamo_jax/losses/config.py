@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dynamo_jax import validate
 from dynamo_jax.losses import registry
 
 # prompt-mean: each sequence's token mean, averaged within its prompt group, groups averaged with
@@ -23,20 +24,18 @@ LOGITS_RESIDUALS = ("recompute", "store_bf16", "store_fp32")
 
 
 def _choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"LossConfig.{name} must be one of {allowed}, got {value!r}")
+    validate.one_of("LossConfig", name, value, allowed)
 
 
 def _check(name: str, ok: bool, what: str, value) -> None:
-    if not ok:
-        raise ValueError(f"LossConfig.{name} must be {what}, got {value!r}")
+    validate.must(ok, "LossConfig", name, what, value)
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """Policy-loss hyperparameters. Defaults are the DynaMO preset."""
 
-    baseline: str = "dynamo"  # a registered loss variant (losses/variants.py)
+    variant: str = "dynamo"  # the method: a registered loss variant (losses/variants.py)
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float | None = 10.0  # c > 1, applies to Â < 0; None disables
@@ -51,7 +50,7 @@ class LossConfig:
     comp_alpha: float | None = None  # None: tied to alpha
     stab_alpha: float | None = None  # None: tied to alpha
     gamma: float = 50.0
-    tau: float = 0.9
+    ums_tau: float = 0.9  # UMS threshold on the normalised |ΔH| (not a temperature)
     entropy_change: str = "exact"
     stats_scope: str = "global"
     # Baseline hyperparameters (docs/algorithm.md#baselines); each is only read by its own variant.
@@ -74,7 +73,7 @@ class LossConfig:
     logits_residual: str = "recompute"
 
     def __post_init__(self):
-        _choice("baseline", self.baseline, registry.names())
+        _choice("variant", self.variant, registry.names())
         _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         _choice("entropy_change", self.entropy_change, ENTROPY_CHANGE_MODES)
         _choice("stats_scope", self.stats_scope, STATS_SCOPES)
@@ -100,7 +99,7 @@ class LossConfig:
         _check("alpha", self.stab_alpha is not None or self.alpha <= 1.0,
                "<= 1 when stab_alpha is tied to it (λ_min = 1 − α)", self.alpha)  # fmt: skip
         _check("gamma", self.gamma >= 0.0 and math.isfinite(self.gamma), "finite, >= 0", self.gamma)
-        _check("tau", math.isfinite(self.tau), "finite", self.tau)
+        _check("ums_tau", math.isfinite(self.ums_tau), "finite", self.ums_tau)
         _check("entropy_coef", self.entropy_coef >= 0.0, ">= 0", self.entropy_coef)
         _check("fork_top_ratio", 0.0 < self.fork_top_ratio <= 1.0, "in (0, 1]", self.fork_top_ratio)
         _check("ent_adv_kappa1", self.ent_adv_kappa1 >= 0.0, ">= 0", self.ent_adv_kappa1)
@@ -129,10 +128,10 @@ class LossConfig:
     @property
     def needs_k(self) -> bool:
         """Whether the step must ask the log-prob pass for K (exact ΔH, docs/algorithm.md#update-magnitude-stabilisation)."""
-        return bool(registry.get(self.baseline).needs_k(self))
+        return bool(registry.get(self.variant).needs_k(self))
 
     @classmethod
-    def preset(cls, baseline: str, **overrides) -> LossConfig:
+    def preset(cls, variant: str, **overrides) -> LossConfig:
         """The variant's published hyperparameters, then `overrides` on top."""
-        _choice("baseline", baseline, registry.names())
-        return cls(baseline=baseline, **{**registry.get(baseline).preset, **overrides})
+        _choice("variant", variant, registry.names())
+        return cls(variant=variant, **{**registry.get(variant).preset, **overrides})

@@ -5,7 +5,9 @@ targets `targets_N`, with z = (h @ W) / T:
 
     log π(a) = z_a − lse,   H = lse − Σ π z,   K = Σ_v π(v)² (log π(v) + H)
 
-Shapes: N tokens, D model width, V vocabulary (V_l: the local vocabulary shard), b block size.
+Shape letters (docs/design.md#shape-letters): N tokens, Np N padded to whole blocks, b block size,
+D model width, V vocabulary (V_l: the local vocabulary shard, Vt one tile). K = Σ π²(log π + H)
+is the concentration term K_t, not a shape.
 
 Memory: logits exist only for one (token block of `block_size`, vocab tile of `vocab_tile`)
 pair at a time, forward and backward. Both loop over vocab tiles outside and token blocks

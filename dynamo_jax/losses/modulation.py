@@ -21,6 +21,7 @@ from dynamo_jax.losses.batch import (
     segment_sums,
     segments,
 )
+from dynamo_jax.losses.clip import clip_bounds
 from dynamo_jax.losses.config import LossConfig
 
 GC_EPS = 1e-8  # denominator guard of β_comp (docs/algorithm.md#gradient-compensation)
@@ -63,7 +64,8 @@ def entropy_change_abs(batch: TokenBatch, cfg: LossConfig):
     ent = lax.stop_gradient(batch.ent)
     adv = batch.adv
     r = jnp.exp(log_ratio(logp, batch.old_logp, mask))
-    in_clip = ((adv > 0) & (r <= 1.0 + cfg.clip_high)) | ((adv < 0) & (r >= 1.0 - cfg.clip_low))
+    low, high = clip_bounds(cfg.clip_low, cfg.clip_high)
+    in_clip = ((adv > 0) & (r <= high)) | ((adv < 0) & (r >= low))
     xi = jnp.where(in_clip, r * adv, 0.0)
     u = jnp.exp(logp) * (logp + ent)
     k = lax.stop_gradient(_k_term(batch, u, mask, cfg))
@@ -88,6 +90,6 @@ def modulate(batch: TokenBatch, h_min, h_max, xi_max, cfg: LossConfig):
     b_stab = ones
     if cfg.enable_ums:
         xi = entropy_change_abs(batch, cfg)
-        b_stab = beta_stab(xi, xi_max, cfg.alpha_stab, cfg.gamma, cfg.tau)
+        b_stab = beta_stab(xi, xi_max, cfg.alpha_stab, cfg.gamma, cfg.ums_tau)
     adv_hat = lax.stop_gradient(adv * b_comp * b_stab)
     return adv_hat, b_comp, b_stab

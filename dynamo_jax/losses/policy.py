@@ -33,6 +33,7 @@ from dynamo_jax.losses.batch import (
     segment_weights,
     segments,
 )
+from dynamo_jax.losses.clip import clip_bounds, clip_ratio
 from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.losses.modulation import DAMPED_BELOW
 
@@ -41,7 +42,7 @@ LossFn = Callable[[TokenBatch, ModStats], tuple[jax.Array, dict]]
 
 def clipped_surrogate(adv_hat, r, clip_low, clip_high, dual_clip):
     """ℓ_t = −min(r Â, clip(r, 1−ε_low, 1+ε_high) Â); with dual clip, min(ℓ_t, −c Â) where Â < 0."""
-    loss = jnp.maximum(-adv_hat * r, -adv_hat * jnp.clip(r, 1.0 - clip_low, 1.0 + clip_high))
+    loss = jnp.maximum(-adv_hat * r, -adv_hat * clip_ratio(r, clip_low, clip_high))
     if dual_clip is not None:
         loss = jnp.where(adv_hat < 0, jnp.minimum(loss, -dual_clip * adv_hat), loss)
     return loss
@@ -99,11 +100,12 @@ def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
     f = lambda x: masked_sum(jnp.asarray(x, jnp.float32), mask)
     ent = lax.stop_gradient(batch.ent)
     logp = lax.stop_gradient(batch.logp)
+    low, high = clip_bounds(cfg.clip_low, cfg.clip_high)
     m = {
         "tokens": jnp.sum(mask).astype(jnp.float32),
         "sequences": count_sequences(mask, segments(batch)),
-        "clip_low_sum": f((adv_hat < 0) & (r < 1.0 - cfg.clip_low)),
-        "clip_high_sum": f((adv_hat > 0) & (r > 1.0 + cfg.clip_high)),
+        "clip_low_sum": f((adv_hat < 0) & (r < low)),
+        "clip_high_sum": f((adv_hat > 0) & (r > high)),
         "beta_comp_sum": f(b_comp),
         "beta_stab_sum": f(b_stab),
         "damped_sum": f(b_stab < DAMPED_BELOW),
@@ -118,7 +120,7 @@ def _metrics(batch, mask, adv_hat, r, b_comp, b_stab, cfg, parts):
 
 def build_loss_fn(cfg: LossConfig) -> LossFn:
     """Look the variant up once; return `loss_fn(batch, stats) -> (loss, metrics)` (jittable)."""
-    variant = registry.get(cfg.baseline)
+    variant = registry.get(cfg.variant)
     advantage = variant.token_advantages or plain_advantages
     token_loss = variant.token_loss or surrogate_loss
 

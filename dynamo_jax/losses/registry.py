@@ -3,7 +3,7 @@
 A variant (GRPO, DynaMO, or one of the Table 1 baselines of docs/algorithm.md#baselines) is one
 `LossVariant`: its published hyperparameters and the pure functions the loss is assembled from.
 `losses/variants.py` registers the built-in ones; a new baseline is one more `register(...)` call
-(in that file, or in a test). `LossConfig.baseline` names a registered variant, and the train
+(in that file, or in a test). `LossConfig.variant` names a registered variant, and the train
 step, the advantages and the statistics look it up once, where they are built; no module compares
 a baseline's name as a string.
 

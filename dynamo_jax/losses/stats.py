@@ -43,12 +43,12 @@ def minibatch_stats(batch: TokenBatch, cfg: LossConfig) -> ModStats:
         seq_weight_sum = jnp.sum(segment_weights(mask, segments(batch), batch.seq_weight))
     names = ModStats._fields[3:]  # after the counts: the variant-specific statistics
     fields = dict.fromkeys(names, zero)
-    variant = registry.get(cfg.baseline)
+    variant = registry.get(cfg.variant)
     if variant.statistics is not None:
         extra = variant.statistics(batch, n_tokens, cfg)
         unknown = set(extra) - set(fields)
         if unknown:
-            raise ValueError(f"loss variant {cfg.baseline!r}: unknown statistics {sorted(unknown)}")
+            raise ValueError(f"loss variant {cfg.variant!r}: unknown statistics {sorted(unknown)}")
         fields.update(extra)
     return ModStats(
         n_tokens=n_tokens,

@@ -127,7 +127,7 @@ register(
     LossVariant(
         "dynamo",
         "DynaMO (arXiv 2602.19208), the authors' scripts",
-        dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, alpha=0.4, gamma=50.0, tau=0.9),
+        dict(clip_low=0.2, clip_high=0.28, dual_clip=10.0, alpha=0.4, gamma=50.0, ums_tau=0.9),
         token_advantages=_dynamo_advantages,
         statistics=_dynamo_statistics,
         needs_k=lambda cfg: cfg.enable_ums and cfg.entropy_change == "exact",

@@ -8,6 +8,9 @@ a key at slot s iff s <= q and both carry the same non-zero segment id), compute
   (running max m, running sum l, float32 accumulator); a query block visits only the key blocks
   at or below its largest slot (the causal bound), so roughly half the tiles of a training row
   are never computed;
+Shape letters (docs/design.md#shape-letters): B, K kv heads, G query heads per kv head, E head
+dim; Q query slots and S key slots of one tile, nq / nk query / key blocks.
+
 - grouped-query heads: a kv head's G query heads are stacked into one [G·block_q, E] operand
   against that kv head's keys, as in `qwen.attend`; K/V are never repeated;
 - backward (`jax.custom_vjp`): only the output and the log-sum-exp are saved; each tile's
@@ -41,11 +44,11 @@ def _acc_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _tile_mask(q_slot_Q: Array, q_seg_BxQ: Array, k_slot_T: Array, k_seg_BxT: Array) -> Array:
-    """bool [B, Q, T] for one tile: causal by slot, same non-zero segment."""
-    causal_QxT = k_slot_T[None, :] <= q_slot_Q[:, None]
-    same_BxQxT = k_seg_BxT[:, None, :] == q_seg_BxQ[:, :, None]
-    return causal_QxT[None] & same_BxQxT & (k_seg_BxT[:, None, :] > 0)
+def _tile_mask(q_slot_Q: Array, q_seg_BxQ: Array, k_slot_S: Array, k_seg_BxS: Array) -> Array:
+    """bool [B, Q, S] for one tile: causal by slot, same non-zero segment."""
+    causal_QxS = k_slot_S[None, :] <= q_slot_Q[:, None]
+    same_BxQxS = k_seg_BxS[:, None, :] == q_seg_BxQ[:, :, None]
+    return causal_QxS[None] & same_BxQxS & (k_seg_BxS[:, None, :] > 0)
 
 
 def _num_key_blocks(q_slot_Q: Array, block_k: int, nk: int) -> Array:
@@ -57,12 +60,12 @@ def _num_key_blocks(q_slot_Q: Array, block_k: int, nk: int) -> Array:
 def _scores(q_BxKxGQxE, k_BxKxTxE, g, scale, acc):
     b, kh, gq, _ = q_BxKxGQxE.shape
     s = jnp.matmul(q_BxKxGQxE, k_BxKxTxE.swapaxes(-1, -2), preferred_element_type=acc)
-    return s.reshape(b, kh, g, gq // g, -1) * scale  # [B, K, G, Q, T]
+    return s.reshape(b, kh, g, gq // g, -1) * scale  # [B, K, G, Q, S]
 
 
 def _forward(q_blocks, k_blocks, v_blocks, q_slot_blocks, q_seg_blocks, kv_seg_blocks, s_real):
-    """q_blocks [nq, B, K, G, Q, E]; k/v_blocks [nk, B, K, T, E]; q_slot_blocks [nq, Q];
-    q_seg_blocks [nq, B, Q]; kv_seg_blocks [nk, B, T]. Returns (out like q_blocks, lse
+    """q_blocks [nq, B, K, G, Q, E]; k/v_blocks [nk, B, K, S, E]; q_slot_blocks [nq, Q];
+    q_seg_blocks [nq, B, Q]; kv_seg_blocks [nk, B, S]. Returns (out like q_blocks, lse
     [nq, B, K, G, Q] in the accumulator dtype, empty [nq, B, K, G, Q] bool)."""
     nq, b, kh, g, bq, e = q_blocks.shape
     nk, bk = k_blocks.shape[0], k_blocks.shape[3]
@@ -79,7 +82,7 @@ def _forward(q_blocks, k_blocks, v_blocks, q_slot_blocks, q_seg_blocks, kv_seg_b
             m, l_sum, o = carry
             s = _scores(q_op, k_blocks[j], g, scale, acc)
             mask = _tile_mask(q_slot_Q, q_seg_BxQ, j * bk + jnp.arange(bk), kv_seg_blocks[j])
-            mask = mask[:, None, None]  # [B, 1, 1, Q, T]
+            mask = mask[:, None, None]  # [B, 1, 1, Q, S]
             m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, _MASK_VALUE), axis=-1))
             p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
             alpha = jnp.exp(m - m_new)
@@ -235,7 +238,7 @@ def blockwise_attention(
 
     def kv_blocks(x_BxSxKxE):
         x = jnp.pad(x_BxSxKxE, ((0, 0), (0, pad_k), (0, 0), (0, 0)))
-        return x.reshape(b, nk, bk, kh, e).transpose(1, 0, 3, 2, 4)  # [nk, B, K, T, E]
+        return x.reshape(b, nk, bk, kh, e).transpose(1, 0, 3, 2, 4)  # [nk, B, K, S, E]
 
     kv_seg = jnp.pad(kv_seg_BxS.astype(jnp.int32), ((0, 0), (0, pad_k)))
     out = _flash(

@@ -1,8 +1,8 @@
 """The model's shape and numerics, as one frozen, validated dataclass.
 
-One decoder covers Qwen2/Qwen2.5, Qwen3 and Llama; the family only sets defaults for the two
-switches that differ between them (`qkv_bias`, `qk_norm`), so the model code never branches on a
-family name. `from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict.
+One decoder covers Qwen2/Qwen2.5, Qwen3 and Llama; the family (a record of `models/families.py`)
+only sets defaults for the two switches that differ between them (`qkv_bias`, `qk_norm`) and its
+own config.json keys, so no code branches on a family name. `from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-FAMILIES = ("qwen2", "qwen3", "llama")
+from dynamo_jax import validate
+from dynamo_jax.models import families
+
+FAMILIES = families.names()
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = (
     "none",
@@ -21,19 +24,6 @@ REMAT_POLICIES = (
 )
 # How the masked attention is computed (models/qwen.py ATTENTION_IMPLS, same names).
 ATTENTION_IMPLS = ("matmul", "xla", "cudnn", "blockwise", "pallas")
-
-# Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse; Llama has neither
-# (its optional `attention_bias` also biases o_proj, which this decoder lacks: refused on import).
-_FAMILY_DEFAULTS = {
-    "qwen2": dict(qkv_bias=True, qk_norm=False),
-    "qwen3": dict(qkv_bias=False, qk_norm=True),
-    "llama": dict(qkv_bias=False, qk_norm=False),
-}
-_ARCHITECTURES = {
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "llama": "LlamaForCausalLM",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +65,11 @@ class ModelConfig:
     attention_block_k: int = 512
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"ModelConfig.family must be one of {FAMILIES}, got {self.family!r}")
-        for name, default in _FAMILY_DEFAULTS[self.family].items():
+        validate.one_of("ModelConfig", "family", self.family, FAMILIES)
+        family = families.FAMILIES[self.family]
+        for name in ("qkv_bias", "qk_norm"):
             if getattr(self, name) is None:
-                object.__setattr__(self, name, default)
+                object.__setattr__(self, name, getattr(family, name))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
@@ -99,9 +89,7 @@ class ModelConfig:
             "attention_block_q",
             "attention_block_k",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+            validate.positive_ints("ModelConfig", self, name)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
@@ -109,30 +97,16 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
-        if not self.rms_norm_eps > 0:
-            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"ModelConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.param_dtype not in DTYPES:
-            raise ValueError(
-                f"ModelConfig.param_dtype must be one of {DTYPES}, got {self.param_dtype!r}"
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got "
-                f"{self.attention_impl!r}"
-            )
+        validate.positive("ModelConfig", self, "rope_theta", "rms_norm_eps")
+        validate.one_of("ModelConfig", "dtype", self.dtype, DTYPES)
+        validate.one_of("ModelConfig", "param_dtype", self.param_dtype, DTYPES)
+        validate.one_of("ModelConfig", "attention_impl", self.attention_impl, ATTENTION_IMPLS)
         if self.attention_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(
                 "ModelConfig.attention_impl='cudnn' (fused flash attention) needs "
                 f"dtype='bfloat16', got {self.dtype!r}"
             )
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"ModelConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
-            )
+        validate.one_of("ModelConfig", "remat_policy", self.remat_policy, REMAT_POLICIES)
 
     @property
     def num_params(self) -> int:
@@ -159,7 +133,8 @@ class ModelConfig:
         `overrides` set the fields HF does not describe (dtype, scan_layers, remat_policy, ...).
         """
         model_type = hf.get("model_type")
-        if model_type not in FAMILIES:
+        family = families.FAMILIES.get(model_type) if isinstance(model_type, str) else None
+        if family is None:
             raise ValueError(
                 f"unsupported model_type {model_type!r} in config.json; supported: {FAMILIES}"
             )
@@ -186,33 +161,21 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
         )
-        if model_type == "qwen3":
-            fields["qkv_bias"] = bool(hf.get("attention_bias", False))
-        if model_type == "llama":
-            for key in ("attention_bias", "mlp_bias"):
-                if hf.get(key, False):
-                    raise ValueError(f"config.json sets {key}=true, which is not supported")
-            if hf.get("pretraining_tp", 1) != 1:
-                raise ValueError("config.json sets pretraining_tp != 1, which is not supported")
+        fields.update(family.read_hf(hf))
         fields.update(overrides)
         return cls(**fields)
 
     def to_hf_config(self, *, dtype: str | None = None) -> dict[str, Any]:
         """A `config.json` dict that transformers' AutoConfig reads back into this shape."""
-        if self.family == "qwen2" and not self.qkv_bias:
-            raise ValueError(
-                "Qwen2 checkpoints always carry q/k/v biases; qkv_bias=False cannot be exported"
-            )
-        if self.family == "llama" and self.qkv_bias:
-            raise ValueError(
-                "Llama checkpoints have no q/k/v-only biases; qkv_bias=True cannot be exported"
-            )
-        if self.qk_norm != (self.family == "qwen3"):
+        family = families.FAMILIES[self.family]
+        if family.export_qkv_bias is not None and self.qkv_bias != family.export_qkv_bias:
+            raise ValueError(family.export_qkv_bias_error)
+        if self.qk_norm != family.qk_norm:
             raise ValueError(
                 f"qk_norm={self.qk_norm} cannot be expressed as a {self.family} checkpoint"
             )
         hf: dict[str, Any] = {
-            "architectures": [_ARCHITECTURES[self.family]],
+            "architectures": [family.architecture],
             "model_type": self.family,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -234,11 +197,7 @@ class ModelConfig:
             "use_cache": True,
             "dtype": dtype or self.param_dtype,
         }
-        if self.family == "qwen3":
-            hf["attention_bias"] = bool(self.qkv_bias)
-        if self.family == "llama":
-            hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-            del hf["use_sliding_window"]
+        family.write_hf(self, hf)
         return hf
 
 

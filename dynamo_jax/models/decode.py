@@ -26,7 +26,7 @@ Array = jax.Array
 class KVCache(NamedTuple):
     """Per-layer keys/values stacked on a leading layer axis, plus bookkeeping.
 
-    k, v:       [N, B, S, K, E] keys (after RoPE) and values
+    k, v:       [Ly, B, S, K, E] keys (after RoPE) and values
     valid_BxS:  int32, 1 where a slot holds a real token
     index:      int32 scalar, the next slot to write (same for every row)
     next_pos_B: int32, the RoPE position of each row's next token

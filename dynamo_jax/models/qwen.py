@@ -1,8 +1,8 @@
 """Qwen2/Qwen2.5 and Qwen3 decoder in Flax linen.
 
-Shape letters (the package legend, dynamo_jax/__init__.py): B batch, L query length, S key
-length (cache slots), D hidden, V vocab, H query heads, K kv heads, Q = H // K query heads per kv
-head, E head_dim, F mlp width.
+Shape letters (docs/design.md#shape-letters): B batch, L query length, S key length (cache
+slots), D hidden, V vocab, H query heads, K kv heads, G = H // K query heads per kv head, E
+head_dim, F mlp width, Ly layers.
 
 Parameters (scan_layers=True stacks every layer's leaves along a leading `layers` axis under
 "layers"; unrolled layers are "layers_0", "layers_1", ...):
@@ -438,7 +438,7 @@ class Transformer(nn.Module):
         return self.logits(self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL))
 
     def extend(self, tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv):
-        """Run L new tokens against a stacked KV cache (k, v each [N, B, S, K, E]).
+        """Run L new tokens against a stacked KV cache (k, v each [Ly, B, S, K, E]).
 
         `kv_valid_BxS` already marks the new tokens' slots (1 = real): a row of the cache is one
         segment. Returns (float32 logits of the last of the L tokens [B, V], updated (k, v)).

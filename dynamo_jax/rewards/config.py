@@ -11,6 +11,8 @@ import dataclasses
 import os
 from typing import Literal
 
+from dynamo_jax import validate
+
 StartMethod = Literal["forkserver", "spawn"]
 AnswerFormat = Literal["math", "number"]
 
@@ -65,10 +67,7 @@ class RewardConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value != value:
                 raise ValueError(f"RewardConfig.{name} must be a finite number, got {value!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s}")
-        if not self.kill_grace_s > 0:
-            raise ValueError(f"RewardConfig.kill_grace_s must be > 0, got {self.kill_grace_s}")
+        validate.positive("RewardConfig", self, "timeout_s", "kill_grace_s")
         if not self.wall_timeout_s >= self.timeout_s + self.kill_grace_s:
             raise ValueError(
                 f"RewardConfig.wall_timeout_s ({self.wall_timeout_s}) must be >= timeout_s + "
@@ -80,13 +79,8 @@ class RewardConfig:
             "max_nesting",
             "num_workers",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"RewardConfig.{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.max_work_calls, int) or self.max_work_calls < 0:
-            raise ValueError(
-                f"RewardConfig.max_work_calls must be an int >= 0, got {self.max_work_calls!r}"
-            )
+            validate.int_at_least("RewardConfig", self, name, 1)
+        validate.int_at_least("RewardConfig", self, "max_work_calls", 0)
         if self.answer_format not in ("math", "number"):
             raise ValueError(
                 f"RewardConfig.answer_format must be 'math' or 'number', got {self.answer_format!r}"
@@ -98,10 +92,7 @@ class RewardConfig:
                 "RewardConfig.start_method must be 'forkserver' or 'spawn' (fork is unsafe once "
                 f"JAX is loaded), got {self.start_method!r}"
             )
-        if not isinstance(self.worker_memory_mb, int) or self.worker_memory_mb < 0:
-            raise ValueError(
-                f"RewardConfig.worker_memory_mb must be an int >= 0, got {self.worker_memory_mb!r}"
-            )
+        validate.int_at_least("RewardConfig", self, "worker_memory_mb", 0)
 
 
 def split_function_spec(spec: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from dynamo_jax import validate
 from dynamo_jax.errors import ConfigError
 
 ENGINES = ("jax", "vllm")
@@ -23,17 +24,8 @@ COLOCATED_MEMORY_LIMIT = 0.95
 JAX_MEMORY_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 
 
-def _int(section: str, obj, name: str, low: int) -> None:
-    value = getattr(obj, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{section}.{name} must be an int >= {low}, got {value!r}")
-
-
-def _positive(section: str, obj, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value > 0:
-            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+_int = validate.int_at_least
+_positive = validate.positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,10 +186,10 @@ class JaxEngineConfig:
     cache_dtype: str | None = None  # KV-cache dtype (None = the model's compute dtype)
 
     def __post_init__(self):
-        for name in ("min_batch", "max_batch", "min_prompt_len", "min_new_tokens", "decode_chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"JaxEngineConfig.{name} must be a positive int, got {value!r}")
+        validate.positive_ints(
+            "JaxEngineConfig", self,
+            "min_batch", "max_batch", "min_prompt_len", "min_new_tokens", "decode_chunk",
+        )  # fmt: skip
         if self.max_batch < self.min_batch:
             raise ValueError(
                 f"JaxEngineConfig.max_batch ({self.max_batch}) must be >= min_batch "

@@ -30,8 +30,8 @@ each builds the same host arrays and turns them into global arrays filling only 
 Outputs are batch-sharded, so the host checks between chunks and the final harvest all-gather
 them (`multihost.host_copy`): every process returns the same completions.
 
-Shape letters (the package legend, dynamo_jax/__init__.py): B batch rows, P padded prompt
-length, T generation-length bucket, V vocabulary, Y stop-id slots.
+Shape letters (docs/design.md#shape-letters): B batch rows, P padded prompt length, T
+generation-length bucket, V vocabulary, Y stop-id slots.
 """
 
 from __future__ import annotations

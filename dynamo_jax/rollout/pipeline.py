@@ -75,7 +75,7 @@ class BatchPlan:
     """One batch as fixed when it is requested."""
 
     step: int  # the step that trains on it
-    rows: np.ndarray  # int64 [N] dataset rows of its prompts
+    rows: np.ndarray  # int64 [I] dataset rows of its prompts
     epoch_end: bool  # the data iterator finished a pass over the dataset with these rows
     allocation: AllocationResult  # n_i per prompt (aligned with `rows`)
     requests: tuple[Request, ...]  # what the engine is asked for (prompts with n_i > 0)

@@ -24,8 +24,8 @@ matmuls (one uniform per row instead of V Gumbel draws, and no XLA CPU cumsum, w
 Randomness: each row's key is fold_in(key(seed), prompt_id low/high 32 bits, sample_index) and
 each step folds in the step number, so a completion never depends on its position in the batch.
 
-Shape letters (the package legend, dynamo_jax/__init__.py): B batch rows, V vocabulary, J blocks
-and C entries per block of the two-level cumulative sum.
+Shape letters (docs/design.md#shape-letters): B batch rows, V vocabulary, J blocks and C entries
+per block of the two-level cumulative sum.
 """
 
 from __future__ import annotations
@@ -118,15 +118,15 @@ def restrict_top_k_top_p(
     return jnp.where(keep_BxV, z_BxV, -jnp.inf)
 
 
-def _cumsum_by_matmul(x_BxN: jax.Array) -> jax.Array:
-    """Inclusive cumulative sum along the last axis as a matmul with a triangular matrix.
+def _cumsum_by_matmul(x: jax.Array) -> jax.Array:
+    """Inclusive cumulative sum along the last axis ([B, J] or [B, C]) as a triangular matmul.
 
     XLA's CPU cumsum is a slow windowed reduction; for the short axes used here (a few hundred)
-    a [N, N] matmul is both faster and, summing at most N terms, accurate in float32.
+    an n × n matmul is both faster and, summing at most n terms, accurate in float32.
     """
-    n = x_BxN.shape[-1]
-    upper_NxN = jnp.triu(jnp.ones((n, n), x_BxN.dtype))
-    return jnp.dot(x_BxN, upper_NxN, precision=jax.lax.Precision.HIGHEST)
+    n = x.shape[-1]
+    upper = jnp.triu(jnp.ones((n, n), x.dtype))
+    return jnp.dot(x, upper, precision=jax.lax.Precision.HIGHEST)
 
 
 def _cdf_block(vocab: int) -> int:
@@ -174,9 +174,10 @@ def _inverse_cdf(weights_BxV: jax.Array, u_B: jax.Array) -> jax.Array:
     return (block_B * block + inner_B).astype(jnp.int32)
 
 
-def _last_positive(x_BxN: jax.Array) -> jax.Array:
-    idx = jnp.arange(x_BxN.shape[-1], dtype=jnp.int32)
-    return jnp.max(jnp.where(x_BxN > 0, idx, 0), axis=-1)
+def _last_positive(x: jax.Array) -> jax.Array:
+    """[B, J] or [B, C] → [B]: the last index along the last axis where x > 0 (0 if none)."""
+    idx = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.max(jnp.where(x > 0, idx, 0), axis=-1)
 
 
 def sample_tokens(

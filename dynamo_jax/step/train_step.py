@@ -95,7 +95,7 @@ def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
     `ref_logp` is needed when the loss has a KL penalty, `sequence_index` when the variant draws
     per-token noise, `seq_weight` under loss_agg_mode "prompt-mean"; a variant may ask for more.
     """
-    variant = registry.get(loss_cfg.baseline)
+    variant = registry.get(loss_cfg.variant)
     fields = TRAIN_FIELDS + variant.batch_fields
     if loss_cfg.kl != "none":
         fields += ("ref_logp",)
@@ -273,7 +273,7 @@ def make_train_step(
         forward, loss_cfg, micro_rows, row_sh, state_sh.params, on_policy
     )
 
-    variant = registry.get(loss_cfg.baseline)
+    variant = registry.get(loss_cfg.variant)
     noise_key = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
 
     def step(state: TrainState, batch: dict[str, Array]):

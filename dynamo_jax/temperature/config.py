@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dynamo_jax import validate
+
+_require = validate.require  # (ok, class name, field, message)
+
 MODES = ("fixed", "e3")
-
-
-def _require(ok: bool, cls: str, field: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{cls}.{field}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
