@@ -60,7 +60,6 @@ def test_g_min_two_needed_with_std_normalisation():
     AllocationConfig(g_min=2, n_avg=4, g_max=8).validate_against(norm_adv_by_std=True)
 
 
-
 def test_one_record_per_policy_and_every_key_belongs_to_one():
     """The policies are listed once (allocation/registry.py); each policy's settings record is
     built from AllocationConfig's flat keys, and every key is shared or some policy's own."""
