@@ -32,6 +32,10 @@ with `loss.loss_agg_mode = "prompt-mean"` (docs/estimators.md); the ratios stay 
 method's own aggregation (token-mean):
 
     python benchmarks/sample_efficiency.py --methods grpo,grpo@prompt-mean,dynamo@prompt-mean
+
+`--seed_offset S` runs seeds S .. S + seeds - 1 (a table extended by more seeds need not rerun
+the first ones); `--baseline M` takes the ratios to method M instead of `grpo` (e.g.
+`grpo@prompt-mean`, to compare only prompt-mean methods).
 """
 
 from __future__ import annotations
@@ -154,6 +158,11 @@ def run_one(
     }
 
 
+def run_order(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """Seed-major (method, seed) pairs, so a run stopped early has every method's first seeds."""
+    return [(m, s) for s in seeds for m in methods]
+
+
 def tiny_methods() -> tuple[str, ...]:
     """configs/tiny.py's methods, configs/base.py's METHODS (called in a pool process: importing
     the configs loads JAX)."""
@@ -177,12 +186,16 @@ def warm_start(task: str, steps: int, tmp: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="max", help="configs/tiny.py's task: max | mixed")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help="how many seeds")
+    parser.add_argument(
+        "--seed_offset", type=int, default=0, help="the first seed (seeds offset .. offset+seeds-1)"
+    )
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--targets", default="0.5,0.7,0.9")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--diagnose", action="store_true")
+    parser.add_argument("--baseline", default="grpo", help="the method the ratios are to")
     parser.add_argument(
         "--warm_start",
         type=int,
@@ -197,10 +210,12 @@ def main() -> None:
 
     targets = [float(t) for t in args.targets.split(",")]
     methods = [m for m in args.methods.split(",") if m]
-    if "grpo" not in methods:
-        parser.error("--methods must include grpo (the ratios are to GRPO)")
-    # Seed-major, so a run stopped early has every method's first seeds.
-    runs = [(m, s) for s in range(args.seeds) for m in methods]
+    if args.baseline not in methods:
+        parser.error(f"--methods must include the baseline {args.baseline} (the ratios are to it)")
+    if args.seeds < 1 or args.seed_offset < 0:
+        parser.error("--seeds must be >= 1 and --seed_offset >= 0")
+    seeds = list(range(args.seed_offset, args.seed_offset + args.seeds))
+    runs = run_order(methods, seeds)
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
         known = pool.submit(tiny_methods).result()
         unknown = [m for m in methods if m.partition("@")[0] not in known]
@@ -229,7 +244,7 @@ def main() -> None:
                 print(f"    wrong greedy answers: {', '.join(res['wrong'])}", flush=True)
 
     def median_steps(method: str, target: float) -> tuple[float, int]:
-        hits = [steps_to_target(results[method, s]["rewards"], target) for s in range(args.seeds)]
+        hits = [steps_to_target(results[method, s]["rewards"], target) for s in seeds]
         misses = sum(h is None for h in hits)
         return float(np.median([args.steps + 1 if h is None else h for h in hits])), misses
 
@@ -237,9 +252,9 @@ def main() -> None:
         f"\ntask {args.task}"
         + (f", from GRPO's step-{args.warm_start} policy" if args.warm_start else "")
         + f" ({revision})"
-        + f": median steps to the per-prompt mean reward ({args.seeds} seeds, "
+        + f": median steps to the per-prompt mean reward (seeds {seeds[0]}..{seeds[-1]}, "
         f"{args.steps} steps, equal budget; a miss counts as {args.steps + 1}); ratio to GRPO; "
-        "misses:"
+        f"misses (ratio to {args.baseline}):"
     )
     print(
         f"  {'method':33s}" + "".join(f"   to {t:<17}" for t in targets) + "  final  rollouts/step"
@@ -248,12 +263,12 @@ def main() -> None:
         cells = []
         for target in targets:
             med, misses = median_steps(method, target)
-            ref, _ = median_steps("grpo", target)
+            ref, _ = median_steps(args.baseline, target)
             cells.append(f"{med:6.1f} {med / ref:5.2f}x  {misses}/{args.seeds}  ")
-        final = np.median([np.mean(results[method, s]["rewards"][-10:]) for s in range(args.seeds)])
+        final = np.median([np.mean(results[method, s]["rewards"][-10:]) for s in seeds])
         # Dynamic sampling generates more than the budget per step: steps to a target are then
         # not samples to it.
-        per_step = np.median([np.mean(results[method, s]["generated"]) for s in range(args.seeds)])
+        per_step = np.median([np.mean(results[method, s]["generated"]) for s in seeds])
         print(f"  {method:33s}   " + "".join(cells) + f"{final:.3f}  {per_step:.0f}")
 
 
