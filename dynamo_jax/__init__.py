@@ -11,7 +11,7 @@ Shape letters, one legend for the whole package. Array names carry their shape a
     D  hidden size;   F  MLP width;   V  vocabulary;   Vt  one vocabulary tile
     H  query heads;   K  key/value heads;   Q = H / K query heads per kv head;   E  head dim
     S  key slots of a KV cache
-    P  padded prompt length;   T  generated-token bucket (the rollout engine)
+    P  padded prompt length;   T  generated-token bucket;   U  distinct prompts (the rollout engine)
     J  blocks and C entries per block of a two-level scan;   Y  stop-id slots
 
 Algorithm symbols that are not shapes keep their papers' names in prose (G_i rollouts of prompt
