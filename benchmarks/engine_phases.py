@@ -8,8 +8,10 @@ implementation (`share_prefill=False`: one prompt forward per row), rounds inter
 range of the load average: figures from a loaded machine only compare within one run.
 
     python benchmarks/engine_phases.py                                 # SmolLM2-135M, 8 x 8 x 24
-    python benchmarks/engine_phases.py --preset tiny-qwen3 --prompts 16 --n 8 --new 4
-    python benchmarks/engine_phases.py --preset small-qwen3 --prompts 16 --n 8 --new 32
+    python benchmarks/engine_phases.py --preset tiny-qwen3 --vocab 32 --prompts 16 --new 4 \
+        --prompt_len 15                                     # configs/tiny.py's shape
+    python benchmarks/engine_phases.py --preset small-qwen3 --vocab 32 --prompts 16 --new 32 \
+        --prompt_len 15                                     # peer_trl.py's small shape
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def _median_time(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="smollm2-135m")
+    parser.add_argument("--vocab", type=int, default=0, help="override the preset's vocabulary")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--new", type=int, default=24)
@@ -54,7 +57,7 @@ def main() -> None:
     from dynamo_jax.rollout.config import JaxEngineConfig
     from dynamo_jax.rollout.protocol import Request, SamplingParams
 
-    cfg = get_preset(args.preset)
+    cfg = get_preset(args.preset, **({"vocab_size": args.vocab} if args.vocab else {}))
     params = qwen.init_params(cfg, jax.random.key(0))
     rng = np.random.default_rng(0)
     lengths = np.linspace(args.prompt_len * 0.6, args.prompt_len, args.prompts).astype(int)
@@ -107,7 +110,7 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
     tokens = sum(len(c.token_ids) for c in outputs["shared prefill"])
     print(
-        f"{args.preset}: {args.prompts} prompts x {args.n} samples x {args.new} new tokens, "
+        f"{args.preset} (vocab {cfg.vocab_size}): {args.prompts} prompts x {args.n} samples x {args.new} new tokens, "
         f"prompts {lengths.min()}-{lengths.max()} tokens, {jax.devices()[0].platform}; "
         f"median of {args.repeats} interleaved rounds; load {min(loads):.1f}-{max(loads):.1f}"
     )
