@@ -73,6 +73,23 @@ def split_rows(rows: Sequence[Row], max_batch: int) -> list[list[Row]]:
     return [list(rows[i : i + max_batch]) for i in range(0, len(rows), max_batch)]
 
 
+def distinct_prompts(rows: Sequence[Row]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct prompts of `rows` in first-appearance order, and each row's index into them.
+
+    Keyed by prompt id (`expand_requests` makes ids unique per call), so two requests with equal
+    token ids are still two prompts: their rows would share a prefill result either way.
+    """
+    index: dict[int, int] = {}
+    prompts: list[tuple[int, ...]] = []
+    of_row = []
+    for row in rows:
+        if row.prompt_id not in index:
+            index[row.prompt_id] = len(prompts)
+            prompts.append(row.prompt)
+        of_row.append(index[row.prompt_id])
+    return prompts, of_row
+
+
 def left_pad(
     prompts: Sequence[Sequence[int]], batch: int, length: int
 ) -> tuple[np.ndarray, np.ndarray]:

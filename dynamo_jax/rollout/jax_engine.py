@@ -3,8 +3,10 @@
 One `generate` call:
 1. expands the requests into rows (one per sample) in a canonical order and splits them into
    batches of at most `max_batch` rows (`buckets.py`);
-2. per batch, left-pads the prompts to a power-of-two length bucket and runs one jitted
-   *prefill program* (empty cache, prompt forward, sample token 0);
+2. per batch, left-pads the batch's distinct prompts to a power-of-two length bucket and runs
+   one jitted *prefill program*: empty cache, one forward per distinct prompt (the n samples of
+   a prompt share it: the prompt's cache and last logits are copied to its n rows), token 0
+   sampled per row;
 3. runs a jitted *decode program* — a `lax.while_loop` of decode steps that exits as soon as
    every row has finished or a chunk of `decode_chunk` steps is done — from a host loop; between
    chunks, when at most half the rows are still running, a jitted *compact program* gathers the
@@ -30,8 +32,8 @@ each builds the same host arrays and turns them into global arrays filling only 
 Outputs are batch-sharded, so the host checks between chunks and the final harvest all-gather
 them (`multihost.host_copy`): every process returns the same completions.
 
-Shape letters (docs/design.md#shape-letters): B batch rows, P padded prompt length, T
-generation-length bucket, V vocabulary, Y stop-id slots.
+Shape letters (docs/design.md#shape-letters): B batch rows, U distinct prompts of a batch, P
+padded prompt length, T generation-length bucket, V vocabulary, Y stop-id slots.
 """
 
 from __future__ import annotations
@@ -122,14 +124,28 @@ def _emit(state: _State, logits_BxV: jax.Array, knobs: _Knobs, mode: _Mode) -> _
 
 
 def _prefill_program(
-    params, tokens_BxP, mask_BxP, real_B, keys_B, knobs, *, mode, gen_len, cache_dtype
+    params,
+    tokens_UxP,
+    mask_UxP,
+    prompt_of_row_B,
+    real_B,
+    keys_B,
+    knobs,
+    *,
+    mode,
+    gen_len,
+    cache_dtype,
 ):
-    """Empty cache → prompt forward → token 0. Filler rows (real_B false) start finished."""
-    batch, prompt_len = tokens_BxP.shape
-    cache = init_cache(mode.cfg, batch, prompt_len + gen_len, cache_dtype)
-    logits_BxV, cache = prefill(params, mode.cfg, tokens_BxP, mask_BxP, cache)
+    """Empty cache → forward of each distinct prompt once → its cache and last logits copied to
+    every row that samples from it (`prompt_of_row_B`) → token 0 per row, each with its own key.
+    Filler rows (real_B false) start finished."""
+    n_prompts, prompt_len = tokens_UxP.shape
+    batch = prompt_of_row_B.shape[0]
+    cache = init_cache(mode.cfg, n_prompts, prompt_len + gen_len, cache_dtype)
+    logits_UxV, cache = prefill(params, mode.cfg, tokens_UxP, mask_UxP, cache)
+    logits_BxV = jnp.take(logits_UxV, prompt_of_row_B, axis=0)
     state = _State(
-        cache=cache,
+        cache=_take_cache_rows(cache, prompt_of_row_B),
         keys_B=keys_B,
         last_B=jnp.zeros((batch,), jnp.int32),
         tokens_BxT=jnp.zeros((batch, gen_len), jnp.int32),
@@ -140,6 +156,16 @@ def _prefill_program(
         step=jnp.zeros((), jnp.int32),
     )
     return _emit(state, logits_BxV, knobs, mode)
+
+
+def _take_cache_rows(cache: KVCache, rows_b: jax.Array) -> KVCache:
+    """The cache of rows `rows_b` (repeats allowed); the batch axis is 1 in k/v, 0 elsewhere."""
+    return cache._replace(
+        k=jnp.take(cache.k, rows_b, axis=1),
+        v=jnp.take(cache.v, rows_b, axis=1),
+        valid_BxS=jnp.take(cache.valid_BxS, rows_b, axis=0),
+        next_pos_B=jnp.take(cache.next_pos_B, rows_b, axis=0),
+    )
 
 
 def _decode_program(params, state, knobs, until, *, mode):
@@ -156,16 +182,10 @@ def _decode_program(params, state, knobs, until, *, mode):
 
 
 def _compact_program(state: _State, rows_b: jax.Array) -> _State:
-    """Keep rows `rows_b` (a smaller batch); the cache's batch axis is 1 in k/v, 0 elsewhere."""
+    """Keep rows `rows_b` (a smaller batch)."""
     take0 = lambda x: jnp.take(x, rows_b, axis=0)
-    cache = state.cache._replace(
-        k=jnp.take(state.cache.k, rows_b, axis=1),
-        v=jnp.take(state.cache.v, rows_b, axis=1),
-        valid_BxS=take0(state.cache.valid_BxS),
-        next_pos_B=take0(state.cache.next_pos_B),
-    )
     fields = {f: take0(getattr(state, f)) for f in _State._fields if f not in ("cache", "step")}
-    return state._replace(cache=cache, **fields)
+    return state._replace(cache=_take_cache_rows(state.cache, rows_b), **fields)
 
 
 # Traces per program kind, process-wide. The jitted programs below are module-level so that
@@ -210,6 +230,10 @@ class JaxEngine:
       param_shardings: when given, `update_weights` places parameters there (`device_put` is a
         no-op for arrays already laid out that way, so the trainer's params are still shared).
       weight_version: version tag of `params`.
+      share_prefill: run each distinct prompt of a batch through the prefill once and copy its
+        cache to the rows that sample from it (n samples of a prompt cost one prompt forward,
+        not n). False runs one prompt forward per row, as before; kept to prove the two give the
+        same completions (tests/test_engine_speed.py) and to time the difference.
     """
 
     def __init__(
@@ -222,9 +246,11 @@ class JaxEngine:
         rules: Any = None,
         param_shardings: Any = None,
         weight_version: int = 0,
+        share_prefill: bool = True,
     ):
         self._model_cfg = model_cfg
         self._config = config
+        self._share_prefill = share_prefill
         self._mesh = mesh
         self._param_shardings = param_shardings
         self._batch_sharding = None
@@ -350,8 +376,15 @@ class JaxEngine:
         cfg = self._config
         batch = buckets.pow2_bucket(len(group), cfg.min_batch, self._batch_multiple)
         prompt_len = buckets.pow2_bucket(max(len(r.prompt) for r in group), cfg.min_prompt_len)
-        tokens_BxP, mask_BxP = buckets.left_pad([r.prompt for r in group], batch, prompt_len)
+        if self._share_prefill:
+            prompts, prompt_of_row = buckets.distinct_prompts(group)
+        else:
+            prompts, prompt_of_row = [r.prompt for r in group], list(range(len(group)))
+        n_prompts = buckets.pow2_bucket(len(prompts), cfg.min_batch, self._batch_multiple)
+        tokens_UxP, mask_UxP = buckets.left_pad(prompts, n_prompts, prompt_len)
         pad = batch - len(group)
+        # Filler rows read prompt 0's cache; they start finished, so it is never decoded.
+        prompt_of_row_B = np.array(prompt_of_row + [0] * pad, np.int32)
         pids = np.array([r.prompt_id for r in group] + [0] * pad, np.int64)
         sidx = np.array([r.sample_index for r in group] + [0] * pad, np.int64)
         keys_B = self._place(sampling.row_keys(sp.seed, pids, sidx))
@@ -360,8 +393,9 @@ class JaxEngine:
             "prefill",
             _PREFILL,
             self._params,
-            self._place(tokens_BxP),
-            self._place(mask_BxP),
+            self._place(tokens_UxP),
+            self._place(mask_UxP),
+            self._place(prompt_of_row_B),
             self._place(real_B),
             keys_B,
             knobs,
