@@ -187,11 +187,19 @@ PLAIN_LOSS = ("grpo", "e3", "dynamo_no_modulation", "grpo_dynamic_sampling")
 
 
 def method_sections(
-    method: str, *, n_avg: int, g_min: int, g_max: int, vocab_size: int, total_steps: int
+    method: str,
+    *,
+    n_avg: int,
+    g_min: int,
+    g_max: int,
+    vocab_size: int,
+    total_steps: int,
+    fixed_temperature: float = 1.0,
 ) -> dict[str, mlc.ConfigDict]:
     """The `allocation`, `temperature` and `loss` sections of `method` (one of METHODS): n_avg
     rollouts per prompt on average, within [g_min, g_max] where the method allocates freely;
-    E3's scheduler needs the policy's `vocab_size` and anneals over `total_steps`."""
+    E3's scheduler needs the policy's `vocab_size` and anneals over `total_steps`; every other
+    method samples at `fixed_temperature`."""
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps at small scale; with the paper's 1.0 early failures of
     # now-solved prompts keep their priority up and a tiny run can settle on one answer for
@@ -219,7 +227,7 @@ def method_sections(
     if method == "e3":
         tau = temperature("e3", 1.0, vocab_size=vocab_size, anneal=True, total_steps=total_steps)
     else:
-        tau = temperature("fixed", 1.0)
+        tau = temperature("fixed", fixed_temperature)
     return {
         "allocation": by_method[method],
         "temperature": tau,
