@@ -88,6 +88,36 @@ def load1() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()  # after "(comm)": field 3 (state) onwards
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process and every live process under it
+    (the vLLM sidecar): what a round cost in work, whatever share of the machine it was given."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(_stat(int(entry))[1])
+            except (OSError, IndexError, ValueError):
+                pass  # exited meanwhile
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        children = [pid for pid, ppid in parents.items() if ppid in frontier]
+        tree.update(children)
+        frontier = children
+    ticks = 0
+    for pid in tree:
+        try:
+            fields = _stat(pid)
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def produced(token_ids: Sequence[int], stop_ids: Sequence[int]) -> int:
     """Generated tokens up to and including the first stop token (all of them when none)."""
     stops = set(int(s) for s in stop_ids)
@@ -185,7 +215,9 @@ def build_workload(args, tmp: Path) -> Workload:
 class ProtocolEngine:
     """The jax or vllm engine as the project's factory builds it, behind one `round(seed)`."""
 
-    def __init__(self, name: str, work: Workload, workdir: Path, vllm_python: str):
+    def __init__(
+        self, name: str, work: Workload, workdir: Path, vllm_python: str, vllm_eager: bool
+    ):
         from dynamo_jax.rollout.factory import build_engine
         from dynamo_jax.rollout.protocol import Request
 
@@ -193,8 +225,9 @@ class ProtocolEngine:
         cfg, params = work.cfg, None
         if name == "vllm":
             rollout = dataclasses.replace(
-                cfg.rollout, engine="vllm", sidecar_python=vllm_python, vllm_dtype="float32"
-            )
+                cfg.rollout, engine="vllm", sidecar_python=vllm_python, vllm_dtype="float32",
+                vllm_enforce_eager=cfg.rollout.vllm_enforce_eager or vllm_eager,
+            )  # fmt: skip
             cfg = dataclasses.replace(cfg, rollout=rollout)
         else:
             from dynamo_jax.models.hf_io import load_hf_checkpoint
@@ -273,19 +306,20 @@ class HFEngine:
         self.model = None
 
 
-def build(name: str, work: Workload, workdir: Path, vllm_python: str):
+def build(name: str, work: Workload, workdir: Path, vllm_python: str, vllm_eager: bool = False):
     if name == "hf":
         return HFEngine(work)
-    return ProtocolEngine(name, work, workdir / name, vllm_python)
+    return ProtocolEngine(name, work, workdir / name, vllm_python, vllm_eager)
 
 
 # ----------------------------------------------------------------------------- measuring
 
 
 def timed_round(engine, seed: int, stop_ids) -> dict:
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     rows = engine.round(seed)
     seconds = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu
     lengths = [produced(r, stop_ids) for r in rows]
     if lengths != [len(r) for r in rows]:
         raise RuntimeError(f"{engine.name}: a completion continues after its stop token")
@@ -296,7 +330,8 @@ def timed_round(engine, seed: int, stop_ids) -> dict:
     return {
         "engine": engine.name, "seed": seed, "seconds": seconds, "rows": len(rows),
         "tokens": tokens, "stopped": sum(bool(r) and r[-1] in stop_ids for r in rows),
-        "tokens_per_s": tokens / seconds, "load1": load1(), "lengths": lengths,
+        "tokens_per_s": tokens / seconds, "cpu_seconds": cpu,
+        "tokens_per_cpu_s": tokens / max(cpu, 0.01), "load1": load1(), "lengths": lengths,
     }  # fmt: skip
 
 
@@ -355,6 +390,7 @@ def run(args) -> dict:
         "threads": args.threads, "torch_threads": torch.get_num_threads(),
         "cores": sorted(os.sched_getaffinity(0)), "cpus": os.cpu_count(),
         "jax": jax.__version__, "torch": torch.__version__, "load1_start": load1(),
+        "vllm_eager": args.vllm_eager,
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="generation-speed-") as tmp:
         work = build_workload(args, Path(tmp))
@@ -374,7 +410,7 @@ def run(args) -> dict:
         try:
             for name in engines:  # build + warm-up, one engine after the other
                 start = time.perf_counter()
-                built[name] = build(name, work, Path(tmp), args.vllm_python)
+                built[name] = build(name, work, Path(tmp), args.vllm_python, args.vllm_eager)
                 build_s = time.perf_counter() - start
                 warm = timed_round(built[name], 0, work.stop_ids)
                 first[name] = {
@@ -395,8 +431,9 @@ def run(args) -> dict:
                     print(
                         f"  round {r} {name:4s} {result['tokens']:5d} tokens "
                         f"({result['stopped']}/{result['rows']} stopped) in "
-                        f"{result['seconds']:6.2f} s = {result['tokens_per_s']:7.1f} tokens/s "
-                        f"[load {result['load1']}]",
+                        f"{result['seconds']:6.2f} s = {result['tokens_per_s']:7.1f} tokens/s; "
+                        f"{result['cpu_seconds']:6.2f} CPU s = {result['tokens_per_cpu_s']:7.1f} "
+                        f"tokens/CPU-s [load {result['load1']}]",
                         flush=True,
                     )
             if args.profile and "jax" in built:
@@ -421,6 +458,7 @@ def summarize(engines: list[str], rounds: list[dict], first: dict) -> dict:
         out[name] = {
             "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine),
             "median_seconds": statistics.median(r["seconds"] for r in mine),
+            "median_tokens_per_cpu_s": statistics.median(r["tokens_per_cpu_s"] for r in mine),
             "tokens": [r["tokens"] for r in mine],
             "first_batch_s": first[name]["first_batch_s"],
             "build_s": first[name]["build_s"],
@@ -430,21 +468,27 @@ def summarize(engines: list[str], rounds: list[dict], first: dict) -> dict:
     if "jax" in out:
         for stats in out.values():
             stats["vs_jax"] = stats["median_tokens_per_s"] / out["jax"]["median_tokens_per_s"]
+            stats["cpu_vs_jax"] = (
+                stats["median_tokens_per_cpu_s"] / out["jax"]["median_tokens_per_cpu_s"]
+            )
     return out
 
 
 def print_summary(report: dict) -> None:
     print(
-        "\n| engine | median tokens/s | median round | tokens per round | first batch "
-        "| vs embedded | load (rounds) |\n|---|---|---|---|---|---|---|"
+        "\n| engine | median tokens/s | vs embedded | median tokens/CPU-s | vs embedded "
+        "| median round | tokens per round | first batch | load (rounds) |"
+        "\n|---|---|---|---|---|---|---|---|---|"
     )
     for name, s in report["engines"].items():
         lo, hi = s["load1_range"]
         vs = f"{s['vs_jax']:.2f}x" if "vs_jax" in s else "-"
+        cpu_vs = f"{s['cpu_vs_jax']:.2f}x" if "cpu_vs_jax" in s else "-"
         print(
-            f"| {name} | {s['median_tokens_per_s']:.1f} | {s['median_seconds']:.2f} s "
+            f"| {name} | {s['median_tokens_per_s']:.1f} | {vs} | "
+            f"{s['median_tokens_per_cpu_s']:.1f} | {cpu_vs} | {s['median_seconds']:.2f} s "
             f"| {min(s['tokens'])}-{max(s['tokens'])} | {s['first_batch_s']:.1f} s "
-            f"(load {s['first_batch_load1']}) | {vs} | {lo}-{hi} |"
+            f"(load {s['first_batch_load1']}) | {lo}-{hi} |"
         )
     prof = report.get("jax_profile")
     if prof:
@@ -470,6 +514,11 @@ def parse_args(argv: Sequence[str] | None = None):
     parser.add_argument("--max-new-tokens", type=int, default=0, help="0 = the config's (24)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--profile", action="store_true", help="profile the embedded engine")
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="rollout.vllm_enforce_eager: no torch.compile in the sidecar (faster start)",
+    )
     parser.add_argument("--json", default="", help="write the report here too")
     default_python = os.environ.get(
         "DYNAMO_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python")
