@@ -29,14 +29,17 @@ engine to its first batch of completions. Then --rounds rounds interleaved acros
 generated tokens actually produced: each completion up to and including the stop token that
 ended it, nothing after it (HF's padding of finished rows is not counted). Per engine: the median
 tokens/s over the rounds, first batch, the ratio to the embedded engine. The 1-minute load
-average is printed beside every figure: on a shared machine it is what a figure means.
+average is printed beside every figure: on a shared machine it is what a figure means. Beside
+wall-clock tokens/s, tokens per CPU-second: the user + system CPU time a round took in this
+process and every process under it (the sidecar; /proc), which measures the work an engine does
+per token whatever share of a loaded machine the scheduler gave it that round.
 
 Threads (--threads N, the same for every engine): the process is pinned to N cores before JAX
 or torch start, which sizes XLA's CPU thread pool (it has no thread-count flag; it counts the
 cores of the affinity mask) and with N = 1 also --xla_cpu_multi_thread_eigen=false;
 torch.set_num_threads(N) and OMP/MKL_NUM_THREADS=N for HF; the sidecar inherits the mask and
-binds its N OpenMP threads to the same cores (VLLM_CPU_OMP_THREADS_BIND). --threads 0 leaves
-everything as it is.
+the environment, so its torch runs N OpenMP threads on the same cores (VLLM_CPU_OMP_THREADS_BIND
+names them too, for vLLM's own binding where it applies). --threads 0 leaves everything as it is.
 
 Profile (--profile, the embedded engine only): one more round, not counted, with each of the
 engine's jitted programs (prefill, decode, compact) timed to completion, and the decode rows x

@@ -42,6 +42,19 @@ def test_produced_counts_up_to_and_including_the_first_stop():
     assert gs.produced([], (2,)) == 0
 
 
+def test_cpu_seconds_include_a_live_child_process():
+    burn = "import time\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\ninput()"
+    before = gs.cpu_seconds()
+    child = subprocess.Popen(
+        [sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline() == "done\n"  # it has used >= 0.5 CPU s and is alive
+        assert gs.cpu_seconds() - before >= 0.4  # /proc counts whole clock ticks
+    finally:
+        child.communicate("\n", timeout=60)
+
+
 def _check_rounds(report, engines, rounds):
     assert [r["engine"] for r in report["rounds"]] == list(engines) * rounds  # interleaved
     for r in report["rounds"]:
@@ -49,11 +62,16 @@ def _check_rounds(report, engines, rounds):
         assert r["tokens"] == sum(r["lengths"])
         assert all(1 <= n <= NEW for n in r["lengths"])
         assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["cpu_seconds"] >= 0
+        assert r["tokens_per_cpu_s"] == pytest.approx(r["tokens"] / max(r["cpu_seconds"], 0.01))
     for name in engines:
         mine = [r for r in report["rounds"] if r["engine"] == name]
         stats = report["engines"][name]
         assert stats["tokens"] == [r["tokens"] for r in mine]
         assert stats["median_tokens_per_s"] == statistics.median(r["tokens_per_s"] for r in mine)
+        assert stats["median_tokens_per_cpu_s"] == statistics.median(
+            r["tokens_per_cpu_s"] for r in mine
+        )
         assert stats["vs_jax"] == pytest.approx(
             stats["median_tokens_per_s"] / report["engines"]["jax"]["median_tokens_per_s"]
         )
