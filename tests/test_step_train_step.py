@@ -17,15 +17,25 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers.step_setups import (
+    FAST_COMPILE,
+    MAX_LEN,
+    MODELS,
+    N_SEQ,
+    PACKED,
+    PADDED,
+    B,
+    L,
+    grad_recorder,
+    make_rollouts,
+    sub_mesh,
+)
 from jax.sharding import PartitionSpec as P
 
 from dynamo_jax import batching, logprob_pass
-from dynamo_jax.batching import RolloutBatch
 from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses import LossConfig, TokenBatch, build_loss_fn, minibatch_stats
-from dynamo_jax.models.presets import get_preset
-from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
-from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+from dynamo_jax.models.qwen import forward
 from dynamo_jax.sharding.rules import DEFAULT_RULES
 from dynamo_jax.step.forward import (
     activation_rules,
@@ -36,64 +46,15 @@ from dynamo_jax.step.forward import (
 from dynamo_jax.step.state import train_state_from_params
 from dynamo_jax.step.train_step import make_train_step
 
-B, L = 8, 16
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 2, 4)]
-MODELS = ["tiny-qwen2", "tiny-qwen3"]
 LOSS_CFG = LossConfig()  # DynaMO: GC + UMS with exact K, token-mean, dual clip
-# Tests compile ~20 programs; XLA's backend optimisation level 0 halves CPU compile time and
-# does not change what the program computes.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
 GRAD_TOL = 2e-4
 
 
-def make_batch(cfg, params, seed=0):
-    """Prompt (5 tokens) + response of varying length, right padding, per-sequence advantages;
-    old log-probs near the current ones (so some ratios clip and most do not)."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(9, L + 1, B)
-    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
-    tokens = rng.integers(1, cfg.vocab_size, (B, L)).astype(np.int32) * mask
-    positions = np.asarray(positions_from_mask(mask))
-    loss_mask = mask.astype(np.float32)
-    loss_mask[:, :5] = 0.0
-    temperature = np.float32(0.7)
-    logits = forward(params, cfg, tokens, positions, mask)
-    logpi = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
-    logp = np.pad(
-        np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0], ((0, 0), (1, 0))
-    )
-    return dict(
-        tokens=tokens,
-        positions=positions,
-        segment_ids=mask,  # one sequence per row
-        loss_mask=loss_mask,
-        advantages=rng.normal(size=B).astype(np.float32),
-        old_logp=(logp + 0.15 * rng.normal(size=(B, L))).astype(np.float32),
-        sequence_index=np.broadcast_to(np.arange(B, dtype=np.int32)[:, None], (B, L)).copy(),
-        temperature=temperature,
-    )
-
-
-@pytest.fixture(scope="module")
-def setups():
-    """Per model: (cfg, params, batch). The unembedding is scaled up (lm_head ×10, or a tied
-    embedding ×4) so the policy is far from uniform: token entropies spread over ~[0.6, 5] nats
-    instead of 6.21 ± 0.005, where GC's (H_max − H)/(H_max − H_min) would amplify fp32 noise
-    ~100× and make any tolerance meaningless."""
-    out = {}
-    for name in MODELS:
-        cfg = get_preset(name)
-        params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(1)))
-        if cfg.tie_word_embeddings:
-            params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0
-        else:
-            params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 10.0
-        out[name] = (cfg, params, make_batch(cfg, params))
-    return out
-
-
-def sub_mesh(shape):
-    return build_mesh(MeshConfig(shape=shape), jax.devices()[: int(np.prod(shape))])
+@pytest.fixture
+def setups(step_setups):
+    """Per model: (cfg, params, batch), built once per session (tests/conftest.py)."""
+    return step_setups
 
 
 def sharded_logits(cfg, params, batch, mesh):
@@ -322,60 +283,6 @@ def test_bad_batch_geometry_fails_before_compiling(setups):
 
 
 # ----------------------------------------------------------------------------- packing
-# The same sequences as one padded row each (one micro-batch) and packed into rows of 16 slots in
-# micro-batches of 4 rows: the packed plan fills 3 micro-batches' worth of rows, rounded up to 4,
-# so the step also meets a padding micro-batch (skipped) and runs the statistics pre-pass.
-N_SEQ, MAX_LEN = 16, 16
-PADDED = RowLayout(row_len=MAX_LEN, packing=False, micro_rows=N_SEQ, max_sequences=N_SEQ)
-PACKED = RowLayout(row_len=16, packing=True, micro_rows=4, max_sequences=N_SEQ)
-
-
-def make_rollouts(cfg, params, seed=2):
-    """A RolloutBatch of N_SEQ sequences: prompts of 2-5 tokens, responses of 1 to
-    MAX_LEN - prompt tokens, row 5 an invalid (empty) row, random advantages, and old log-probs
-    near the policy's own (full softmax at T = 0.7)."""
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(2, 6, N_SEQ)
-    response = rng.integers(1, MAX_LEN - prompt + 1)
-    length = prompt + response
-    length[5] = 0
-    slots = np.arange(MAX_LEN)[None]
-    mask = (slots < length[:, None]).astype(np.int32)
-    tokens = (rng.integers(1, cfg.vocab_size, (N_SEQ, MAX_LEN)) * mask).astype(np.int32)
-    positions = np.asarray(positions_from_mask(mask))
-    loss_mask = ((slots >= prompt[:, None]) & (mask > 0)).astype(np.float32)
-    logits = forward(params, cfg, tokens, positions, mask)
-    logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
-    logp = np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0]
-    ent = -(np.exp(logpi) * logpi).sum(-1)[:, :-1]
-    shift = lambda x: np.pad(x, ((0, 0), (1, 0)))  # token t is scored by slot t - 1
-    old = (shift(logp) + 0.15 * rng.normal(size=(N_SEQ, MAX_LEN))) * loss_mask
-    valid = length > 0
-    batch = RolloutBatch(
-        tokens=tokens,
-        positions=positions,
-        attention_mask=mask,
-        loss_mask=loss_mask,
-        engine_logp=np.zeros_like(loss_mask),
-        valid=valid,
-        prompt_id=np.where(valid, np.arange(N_SEQ) // 4, -1),
-        response_len=np.where(valid, response, 0).astype(np.int32),
-        stopped=valid,
-        rewards=rng.integers(0, 2, N_SEQ).astype(np.float32),
-        advantages=(rng.normal(size=N_SEQ) * valid).astype(np.float32),
-        temperature=0.7,
-        old_logp=old.astype(np.float32),
-    )
-    return batch, shift(logp), shift(ent)
-
-
-def grad_recorder() -> optax.GradientTransformation:
-    """An optimizer that applies nothing and keeps the last gradient as its state, so a step's
-    gradient is read exactly (params − SGD(1)'s new params rounds at the parameters' ulp)."""
-    return optax.GradientTransformation(
-        lambda params: jax.tree.map(jnp.zeros_like, params),
-        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads),
-    )
 
 
 def _layout_step(cfg, params, rollouts, layout, loss_cfg, mesh_shape):
