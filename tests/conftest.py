@@ -32,6 +32,15 @@ JAX_CACHE_DIR = os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(_ROOT) / ".cache" / "jax")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Compiling, not running, is most of the suite's time on CPU (a test's programs are tiny and
+# run a few times), and a cold cache compiles every program once: JAX's own switch for this
+# trade (XLA backend optimisation level 0, LLVM's expensive passes off) takes about a third off
+# the CPU time of a compile-bound module. It changes how fast a program runs, not what it
+# computes; every process of the session (subprocesses inherit it) compiles the same way. Set
+# JAX_DISABLE_MOST_OPTIMIZATIONS=0 to test the fully optimised programs.
+_FAST_COMPILE = os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1").lower() in (
+    ("y", "yes", "t", "true", "on", "1")  # jax's own reading of a boolean variable
+)
 
 
 def pytest_configure(config):
@@ -39,6 +48,7 @@ def pytest_configure(config):
 
     jax.config.update("jax_compilation_cache_dir", JAX_CACHE_DIR)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_disable_most_optimizations", _FAST_COMPILE)
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +65,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
+def step_setups():
+    """Per tiny preset: (cfg, params, batch) of the train-step tests (tests/helpers/step_setups.py),
+    built once for tests/test_step_train_step.py and tests/test_step_on_policy.py. Read-only."""
+    from helpers.step_setups import MODELS, make_batch, sharp_model
+
+    out = {}
+    for name in MODELS:
+        cfg, params = sharp_model(name)
+        out[name] = (cfg, params, make_batch(cfg, params))
+    return out
+
+
+@pytest.fixture(scope="session")
 def finished_run(tmp_path_factory):
-    """(config, workdir) of a finished 6-step run with checkpoints at steps 3 and 6."""
+    """(config, workdir) of a finished 6-step run with checkpoints at steps 3 and 6, shared by
+    every module that uses it: tests copy the workdir before changing anything."""
     from helpers.train_runs import _short_config
 
     from dynamo_jax.config import from_config_dict

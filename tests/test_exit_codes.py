@@ -31,18 +31,6 @@ QUIET = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """One persistent compilation cache for every launch.py subprocess of the module."""
-    old = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax_cache"))
-    yield
-    if old is None:
-        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-    else:
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = old
-
-
 def _args(workdir, steps=1, method="grpo"):
     return [f"--config={TINY}:method={method}", f"--workdir={workdir}",
             f"--config.train.steps={steps}", *QUIET]  # fmt: skip

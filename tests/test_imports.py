@@ -91,3 +91,32 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.endswith("__main__")))
 def test_every_module_imports(module):
     importlib.import_module(module)
+
+
+def _test_module_imports(source: str) -> list[str]:
+    """The test modules (`test_*`, `tests.test_*`) a file imports, anywhere in it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        found += [n for n in names if n.split(".")[-1].startswith("test_")]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in tests/helpers/ (or a non-test module beside them): importing a
+    test module would run its module-level setup and collect its tests twice."""
+    tests = Path(__file__).resolve().parent
+    found = {
+        path.name: imports
+        for path in sorted(tests.rglob("*.py"))
+        if (imports := _test_module_imports(path.read_text()))
+    }
+    assert found == {}
+    assert _test_module_imports("from test_a import x\nimport tests.test_b\nimport helpers") == [
+        "test_a",
+        "tests.test_b",
+    ]

@@ -78,8 +78,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["padded", "packed"])
-@pytest.mark.parametrize("length, heads, kv_heads, bq, bk", CASES)
+# Each case compiles its own forward and gradient. The fast tier runs every geometry once and
+# each row kind on two of them (a Latin square); the other pairing of each runs in the slow tier.
+_FAST_PAIRS = {("padded", 37), ("packed", 29), ("padded", 23), ("packed", 16)}
+
+
+@pytest.mark.parametrize(
+    "kind, length, heads, kv_heads, bq, bk",
+    [
+        pytest.param(kind, *case, marks=() if (kind, case[0]) in _FAST_PAIRS else pytest.mark.slow)
+        for case in CASES
+        for kind in ("padded", "packed")
+    ],
+)
 def test_forward_and_gradients_equal_matmul_float32(kind, length, heads, kv_heads, bq, bk):
     q, k, v = _qkv(length, heads, kv_heads)
     seg = jnp.asarray(_rows(kind, length))
@@ -139,8 +150,17 @@ def _packed_batch(length=40):
     return tokens, pos, seg
 
 
-@pytest.mark.parametrize("remat", ["none", "full"])
-@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize(
+    "preset, remat",
+    # Four whole-model compiles each: the fast tier runs each preset and each remat policy
+    # once; the other two pairings run in the slow tier.
+    [
+        ("tiny-qwen2", "none"),
+        ("tiny-qwen3", "full"),
+        pytest.param("tiny-qwen2", "full", marks=pytest.mark.slow),
+        pytest.param("tiny-qwen3", "none", marks=pytest.mark.slow),
+    ],
+)
 def test_whole_model_logits_and_loss_gradients_equal_matmul(preset, remat):
     base = get_preset(preset, remat_policy=remat)
     params = jax.tree.map(

@@ -41,20 +41,28 @@ def test_logits_match_transformers_with_padding(family, tie):
     np.testing.assert_allclose(out[real], ref[real], atol=1e-4, rtol=0)
 
 
+REAL_WIDTHS = [
+    # Qwen2.5-1.5B hidden/heads/mlp/vocab (tied), 2 layers.
+    ("qwen2", dict(hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)),
+    # Qwen3-0.6B hidden/heads/head_dim/mlp/vocab (tied), 2 layers.
+    (
+        "qwen3",
+        dict(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936),
+    ),
+    # SmolLM2-135M hidden/heads/mlp/vocab (tied, rope 1e5 below is Qwen's; shape is what
+    # matters here), 2 layers.
+    ("llama", dict(hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab=49152)),
+]
+
+
 @pytest.mark.parametrize(
     "family, widths",
-    [
-        # Qwen2.5-1.5B hidden/heads/mlp/vocab (tied), 2 layers.
-        ("qwen2", dict(hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)),
-        # Qwen3-0.6B hidden/heads/head_dim/mlp/vocab (tied), 2 layers.
-        (
-            "qwen3",
-            dict(hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936),
-        ),
-        # SmolLM2-135M hidden/heads/mlp/vocab (tied, rope 1e5 below is Qwen's; shape is what
-        # matters here), 2 layers.
-        ("llama", dict(hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab=49152)),
-    ],
+    # The fast tier runs each model's real layer widths with an 8192-token vocabulary (the
+    # ids below reach 7007); the real vocabularies (a 150k x 1.5k embedding in both
+    # implementations) run in the slow tier.
+    [(f, dict(w, vocab=8192)) for f, w in REAL_WIDTHS]
+    + [pytest.param(f, w, marks=pytest.mark.slow) for f, w in REAL_WIDTHS],
+    ids=[f"{f}-vocab8192" for f, _ in REAL_WIDTHS] + [f"{f}-real-vocab" for f, _ in REAL_WIDTHS],
 )
 def test_logits_match_transformers_at_real_widths(family, widths):
     model = make_tiny_hf_model(family, tie=True, layers=2, rope_theta=1e6, seed=5, **widths)

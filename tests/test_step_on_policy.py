@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers.step_batches import (
+from helpers.step_setups import (
     FAST_COMPILE,
     N_SEQ,
     PACKED,
@@ -24,24 +24,17 @@ from helpers.step_batches import (
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.loop import assemble, behaviour_pass
 from dynamo_jax.losses import LossConfig
-from dynamo_jax.models.presets import get_preset
-from dynamo_jax.models.qwen import init_params
 from dynamo_jax.sharding.rules import DEFAULT_RULES
 from dynamo_jax.step.forward import make_logprob_fn
 from dynamo_jax.step.state import train_state_from_params
 from dynamo_jax.step.train_step import make_train_step
 
 
-@pytest.fixture(scope="module")
-def tiny3():
-    """tiny-qwen3 with its tied embedding scaled up (as test_step_train_step's setups): a policy
-    far from uniform, so GC/UMS statistics are not fp32 noise."""
-    import jax
-
-    cfg = get_preset("tiny-qwen3")
-    params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(1)))
-    params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0
-    return cfg, params
+@pytest.fixture
+def tiny3(step_setups):
+    """tiny-qwen3 with its tied embedding scaled up (the train-step tests' model, built once per
+    session): a policy far from uniform, so GC/UMS statistics are not fp32 noise."""
+    return step_setups["tiny-qwen3"][:2]
 
 
 def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):

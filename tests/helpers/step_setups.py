@@ -1,19 +1,67 @@
-"""The rollout batch, meshes and gradient-reading optimizer that tests/test_step_train_step.py
-and tests/test_step_on_policy.py build their train steps from."""
+"""The sharpened tiny models, batches and layouts of the train-step tests
+(tests/test_step_train_step.py, tests/test_step_on_policy.py). The models are built once per
+session (the `step_setups` fixture in tests/conftest.py) so both modules share them."""
+
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.loop.assemble import RolloutBatch
-from dynamo_jax.models.qwen import forward, positions_from_mask
+from dynamo_jax.data.packing import RowLayout
+from dynamo_jax.models.presets import get_preset
+from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 
-# Tests compile ~20 programs; XLA's backend optimisation level 0 halves CPU compile time and
-# does not change what the program computes.
+B, L = 8, 16
+MODELS = ["tiny-qwen2", "tiny-qwen3"]
+# The tests compile ~20 train steps; XLA's backend optimisation level 0 halves CPU compile time
+# and does not change what the program computes.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def sharp_model(name):
+    """(cfg, params as NumPy) with the unembedding scaled up (lm_head ×10, or a tied embedding
+    ×4) so the policy is far from uniform: token entropies spread over ~[0.6, 5] nats instead of
+    6.21 ± 0.005, where GC's (H_max − H)/(H_max − H_min) would amplify fp32 noise ~100× and make
+    any tolerance meaningless."""
+    cfg = get_preset(name)
+    params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(1)))
+    if cfg.tie_word_embeddings:
+        params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0
+    else:
+        params["lm_head"]["kernel"] = params["lm_head"]["kernel"] * 10.0
+    return cfg, params
+
+
+def make_batch(cfg, params, seed=0):
+    """Prompt (5 tokens) + response of varying length, right padding, per-sequence advantages;
+    old log-probs near the current ones (so some ratios clip and most do not)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(9, L + 1, B)
+    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
+    tokens = rng.integers(1, cfg.vocab_size, (B, L)).astype(np.int32) * mask
+    positions = np.asarray(positions_from_mask(mask))
+    loss_mask = mask.astype(np.float32)
+    loss_mask[:, :5] = 0.0
+    temperature = np.float32(0.7)
+    logits = forward(params, cfg, tokens, positions, mask)
+    logpi = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
+    logp = np.pad(
+        np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0], ((0, 0), (1, 0))
+    )
+    return dict(
+        tokens=tokens,
+        positions=positions,
+        segment_ids=mask,  # one sequence per row
+        loss_mask=loss_mask,
+        advantages=rng.normal(size=B).astype(np.float32),
+        old_logp=(logp + 0.15 * rng.normal(size=(B, L))).astype(np.float32),
+        sequence_index=np.broadcast_to(np.arange(B, dtype=np.int32)[:, None], (B, L)).copy(),
+        temperature=temperature,
+    )
 
 
 def sub_mesh(shape):
