@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dynamo_jax.metrics import read_metrics  # noqa: E402
+from dynamo_jax.reporting.metrics import read_metrics  # noqa: E402
 
 METRICS = (
     ("eval/overall/pass@1", "held-out pass@1 (T = 1)"),

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.data.packing import RowLayout
+from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import forward, init_params, positions_from_mask
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
