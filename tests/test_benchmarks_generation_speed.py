@@ -6,7 +6,6 @@ computed here from the same completion generated without that stop (first occurr
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_script
 
 from configs import smollm2_arith
 
@@ -23,17 +23,7 @@ VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bi
 NEW = smollm2_arith.get_config().rollout.max_new_tokens  # the benchmark keeps the config's
 
 
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location(
-        "generation_speed", ROOT / "benchmarks" / "generation_speed.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("generation_speed", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-gs = _load_benchmark()
+gs = load_script("benchmarks/generation_speed.py")
 
 
 def test_produced_counts_up_to_and_including_the_first_stop():

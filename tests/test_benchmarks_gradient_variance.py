@@ -5,14 +5,13 @@ the draws, and for the captured gradient the same train step with SGD at learnin
 parameter change is the gradient.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import optax
 import pytest
+from helpers.scripts import load_script
 
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
@@ -27,17 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location(
-        "gradient_variance", ROOT / "benchmarks" / "gradient_variance.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gradient_variance", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-gv = _load_benchmark()
+gv = load_script("benchmarks/gradient_variance.py")
 
 
 def test_total_variance_hand_worked_and_against_direct_float64():

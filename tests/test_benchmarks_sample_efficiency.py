@@ -4,24 +4,17 @@ Oracles: the (method, seed) lists written out by hand; the argument errors are c
 subprocess that stops before any run starts (parser.error exits 2 before JAX is loaded).
 """
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sample_efficiency.py"
 
 
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("sample_efficiency", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sample_efficiency", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-se = _load_benchmark()
+se = load_script("benchmarks/sample_efficiency.py")
 
 
 def test_run_order_is_seed_major_with_the_given_seeds():

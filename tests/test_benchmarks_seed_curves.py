@@ -1,16 +1,12 @@
 """benchmarks/seed_curves.py: every seed's evaluation numbers, the rise and the wall time."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_script
 
-_SPEC = importlib.util.spec_from_file_location(
-    "seed_curves", Path(__file__).resolve().parents[1] / "benchmarks" / "seed_curves.py"
-)
-seed_curves = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(seed_curves)
+seed_curves = load_script("benchmarks/seed_curves.py")
 
 
 def _run(tmp_path: Path, name: str, evals: dict[int, float], step_s: float) -> Path:

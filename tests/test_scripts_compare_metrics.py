@@ -1,15 +1,12 @@
 """scripts/compare_metrics.py: two metrics.jsonl files agree once the timing keys are dropped."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+from helpers.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "compare_metrics", ROOT / "scripts/compare_metrics.py"
-)
-compare_metrics = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare_metrics)
+compare_metrics = load_script("scripts/compare_metrics.py")
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
