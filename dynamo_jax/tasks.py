@@ -151,7 +151,10 @@ def build_task(cfg: RunConfig) -> Task:
             f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
             f"vocabulary ({len(tokenizer)})"
         )
-    prompts = data.build_prompts(_rows(cfg, cfg.data.paths), tokenizer, cfg.data)
+    train_rows = _rows(cfg, cfg.data.paths)
+    if cfg.data.max_train_problems:
+        train_rows = train_rows[: cfg.data.max_train_problems]
+    prompts = data.build_prompts(train_rows, tokenizer, cfg.data)
     if len(prompts.rows) < cfg.train.prompts_per_step:
         raise DataError(
             f"data.paths {list(cfg.data.paths)}: {len(prompts.rows)} usable prompts, fewer than "

@@ -42,6 +42,10 @@ class DataConfig:
     # "" = no system message. A row that already has one keeps its own.
     system_prompt: str = QWEN_MATH_SYSTEM_PROMPT
     max_prompt_tokens: int = 1024
+    # 0 = every training row; M > 0 = the first M rows of `paths` (after loading, before
+    # templating). A small pool makes prompts come back within a short run, which the
+    # history-based allocation policies (DynaMO, E3) need before they allocate anything unevenly.
+    max_train_problems: int = 0
     overflow: Overflow = "truncate_left"
     on_bad_row: OnBadRow = "error"
     # Column/key holding a row id; rows without it get a hash of (source, prompt).
@@ -72,7 +76,7 @@ class DataConfig:
                 f"got {self.synthetic_modulus}"
             )
         validate.int_at_least("DataConfig", self, "max_line_bytes", 1)
-        for name in ("synthetic_num_rows", "seed"):
+        for name in ("synthetic_num_rows", "seed", "max_train_problems"):
             validate.int_at_least("DataConfig", self, name, 0)
 
     def synthetic_config(self):
