@@ -10,9 +10,10 @@ counted instead:
   per new frame and, returning None, never traces lines): the same input makes the same calls,
   so an item past `max_work_calls` is a `timeout` wherever it runs. Honest answers make 10^3 to
   3*10^5 calls; the default budget is 2*10^6.
-- Integer powers, which SymPy hands to C (`9^{9^{9^9}}` never returns, and no signal can stop
-  it): a power whose result would exceed `_MAX_POWER_BITS` is refused by its size, before it is
-  computed, and counts as the budget spent.
+- Powers of numbers, which SymPy hands to C or to mpmath (`9^{9^{9^9}}` never returns, and no
+  signal can stop it): a power whose result (for a float: whose binary exponent) would exceed
+  `_MAX_POWER_BITS` is refused by its size, before it is computed, and counts as the budget
+  spent. This covers rational and float bases and exponents alike.
 
 If a library swallows the budget exception (a bare `except:`), the trace function is gone but
 the flag stays set, and the item is a `timeout` all the same when it ends. The CPU-time limit
@@ -83,16 +84,45 @@ def calls_made(function, *args) -> int:
     return sys.maxsize - _Budget.left
 
 
+def _exponent_size(expt) -> float | None:
+    """|expt| for a plain number (Integer, Rational or Float), else None; inf when it is past
+    any float."""
+    p, q = getattr(expt, "p", None), getattr(expt, "q", None)
+    if isinstance(p, int) and isinstance(q, int):
+        if abs(p).bit_length() - q.bit_length() > 1000:
+            return float("inf")
+        return abs(p) / q
+    mpf = getattr(expt, "_mpf_", None)
+    if mpf is not None:
+        try:
+            return abs(float(expt))
+        except (OverflowError, ValueError):
+            return float("inf")
+    return None
+
+
+def _base_size(base) -> float:
+    """The bits a power of `base` grows by per unit of exponent: max(|p|, |q|)'s bit length for
+    a rational (the exact result's size), |log2 |x|| for a float (the size of its exponent)."""
+    p, q = getattr(base, "p", None), getattr(base, "q", None)
+    if isinstance(p, int) and isinstance(q, int):
+        return 0.0 if max(abs(p), abs(q)) <= 1 else float(max(abs(p), abs(q)).bit_length())
+    _sign, mantissa, exponent, bits = base._mpf_
+    if not mantissa:
+        return 0.0  # 0, or an infinity/NaN (mpmath computes those without work)
+    return float(max(abs(exponent + bits), abs(exponent + bits - 1)))
+
+
 def _refuse_huge_power(original):
     def _eval_power(self, expt):
         if _Budget.active:  # only inside a budgeted item
-            p = getattr(expt, "p", None)
-            q = getattr(expt, "q", 1)
-            if isinstance(p, int) and abs(p) > q and max(abs(self.p), abs(self.q)) > 1:
-                size = max(abs(self.p), abs(self.q)).bit_length()
-                if size * (abs(p) / q) > _MAX_POWER_BITS:
-                    _Budget.exceeded = True
-                    raise WorkBudgetExceeded()
+            size = _exponent_size(expt)
+            # A Float exponent matters as much as an Integer one: math-verify's numeric check
+            # turns `9**9**9**9` into Float(9) ** Float(9**387420489), which mpmath computes by
+            # squaring through the exponent's billion bits.
+            if size is not None and size > 1 and _base_size(self) * size > _MAX_POWER_BITS:
+                _Budget.exceeded = True
+                raise WorkBudgetExceeded()
         return original(self, expt)
 
     _eval_power.__wrapped__ = original
@@ -101,7 +131,7 @@ def _refuse_huge_power(original):
 
 def _install_power_guard() -> None:
     numbers = importlib.import_module("sympy.core.numbers")
-    for cls in (numbers.Rational, numbers.Integer):
+    for cls in (numbers.Rational, numbers.Integer, numbers.Float):
         method = cls.__dict__.get("_eval_power")
         if method is None or hasattr(method, "__wrapped__"):
             continue
