@@ -3,11 +3,10 @@
 saved under the old names still resumes (its fields are compared under the new names)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import launch
 
 from configs import base, tiny
 from dynamo_jax import workdir as run_dir
@@ -15,16 +14,6 @@ from dynamo_jax.config import RENAMED, build_section, from_config_dict, to_json_
 from dynamo_jax.errors import ConfigError, ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _launch(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_the_renames():
@@ -51,7 +40,7 @@ def test_an_old_key_in_a_section_names_the_new_one(old, new):
     ],
 )  # fmt: skip
 def test_launch_refuses_an_old_override_in_one_line(tmp_path, override, line):
-    proc = _launch("--config=configs/tiny.py", f"--workdir={tmp_path / 'w'}", override)
+    proc = launch("--config=configs/tiny.py", f"--workdir={tmp_path / 'w'}", override)
     assert proc.returncode == ExitCode.REFUSED, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [line]
     assert not (tmp_path / "w").exists()
@@ -65,7 +54,7 @@ def test_launch_refuses_an_old_key_set_in_a_config_file(tmp_path):
         "    config.loss.baseline = 'grpo'\n"
         "    return config\n"
     )
-    proc = _launch(f"--config={config}", f"--workdir={tmp_path / 'w'}")
+    proc = launch(f"--config={config}", f"--workdir={tmp_path / 'w'}")
     assert proc.returncode == ExitCode.REFUSED, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines

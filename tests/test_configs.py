@@ -4,11 +4,10 @@ overrides fail, and every reproduction config passes the dry-run planner on simu
 import dataclasses
 import importlib
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import launch
 
 from dynamo_jax.config import from_config_dict
 
@@ -139,18 +138,8 @@ def test_bad_arguments_fail_clearly():
         _load("tiny", "mehtod=grpo")
 
 
-def _launch(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def test_launch_rejects_a_misspelt_override():
-    proc = _launch("--config=configs/tiny.py", "--workdir=unused", "--config.train.stpes=3")
+    proc = launch("--config=configs/tiny.py", "--workdir=unused", "--config.train.stpes=3")
     assert proc.returncode != 0
     assert "stpes" in proc.stderr and "steps" in proc.stderr
 
@@ -160,7 +149,7 @@ def test_launch_rejects_a_misspelt_override():
 def test_reproduction_config_passes_the_dry_run(name):
     """The real step (forward, DynaMO/baseline loss, backward, AdamW) compiled for the config's
     mesh on simulated CPU devices from abstract shapes; prints the per-device memory plan."""
-    proc = _launch(f"--config=configs/{name}.py", "--dry_run")
+    proc = launch(f"--config=configs/{name}.py", "--dry_run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "per-device memory" in proc.stdout
     assert re.search(r"fits .*device: YES", proc.stdout), proc.stdout

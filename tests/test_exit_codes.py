@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers.scripts import launch
 
 from dynamo_jax.errors import ExitCode
 
@@ -34,11 +35,6 @@ QUIET = (
 def _args(workdir, steps=1, method="grpo"):
     return [f"--config={TINY}:method={method}", f"--workdir={workdir}",
             f"--config.train.steps={steps}", *QUIET]  # fmt: skip
-
-
-def _launch(*args, env=None, timeout=300):
-    cmd = [sys.executable, str(ROOT / "launch.py"), *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _worker(timeline, args, **env):
@@ -100,7 +96,7 @@ def test_refused_before_anything_changed_is_one_line_and_2(tmp_path, args, messa
     if not any(a.startswith("--workdir") for a in args):
         args = (*args, f"--workdir={tmp_path / 'w'}")
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # one CPU device
-    proc = _launch(*args, env=env)
+    proc = launch(*args, env=env)
     assert proc.returncode == ExitCode.REFUSED, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [message]
     assert not (tmp_path / "w").exists()
@@ -150,7 +146,7 @@ def test_a_signal_finishes_the_step_checkpoints_and_exits_3_then_the_rerun_resum
     assert f"{name}: finishing the step in flight, then checkpointing and exiting" in out
     assert f"run tiny_grpo interrupted ({name}) after step 1 of 2; checkpointed" in out
     assert _steps(workdir) == [1]
-    proc = _launch(*_args(workdir, steps=2))
+    proc = launch(*_args(workdir, steps=2))
     assert proc.returncode == ExitCode.DONE, proc.stderr[-3000:]
     assert "finished at step 2 of 2 (resumed at step 1; this launch ran step 2)" in proc.stdout
 
@@ -185,7 +181,7 @@ def test_non_finite_updates_stop_the_run_with_4(tmp_path):
     cfg = from_config_dict(tiny.get_config("method=grpo"))
     nan = jax.tree.map(lambda s: np.full(s.shape, np.nan, s.dtype), param_shapes(cfg.model))
     save_hf_checkpoint(nan, cfg.model, tmp_path / "nan_init")
-    proc = _launch(*_args(tmp_path / "w", steps=4), f"--config.init.checkpoint={tmp_path / 'nan_init'}",
+    proc = launch(*_args(tmp_path / "w", steps=4), f"--config.init.checkpoint={tmp_path / 'nan_init'}",
                    "--config.train.max_consecutive_nonfinite=2")  # fmt: skip
     assert proc.returncode == ExitCode.NONFINITE, proc.stderr[-3000:]
     assert "run tiny_grpo stopped: non-finite updates after step 1 of 4: 2 non-finite " in (

@@ -2,12 +2,11 @@
 (Exit status 1 of a run that stops early: test_loop_train.py, which shares its compilation cache.)"""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from absl import flags
+from helpers.scripts import launch
 from ml_collections import config_flags
 
 from configs import base, tiny
@@ -135,14 +134,9 @@ def test_known_errors_exit_2_and_debug_reraises(capsys):
 # ----------------------------------------------------------------------------- launch.py
 
 
-def _launch(*args, timeout=300):
-    cmd = [sys.executable, str(ROOT / "launch.py"), *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
 def test_launch_misspelt_override_prints_one_line(tmp_path):
     workdir = tmp_path / "w"
-    proc = _launch(f"--config={TINY}", f"--workdir={workdir}", "--config.train.stpes=3")
+    proc = launch(f"--config={TINY}", f"--workdir={workdir}", "--config.train.stpes=3")
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "error: --config.train.stpes: the config has no field 'stpes'. "
@@ -153,7 +147,7 @@ def test_launch_misspelt_override_prints_one_line(tmp_path):
 
 def test_launch_invalid_config_prints_one_line_and_creates_nothing(tmp_path):
     workdir = tmp_path / "w"
-    proc = _launch(f"--config={TINY}", f"--workdir={workdir}", "--config.train.seed=-1")
+    proc = launch(f"--config={TINY}", f"--workdir={workdir}", "--config.train.seed=-1")
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "error: config.train (TrainConfig): train.seed must be an int in [0, 2**32), got -1"

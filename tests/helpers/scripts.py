@@ -1,8 +1,10 @@
-"""Import a benchmark or script by its file path (benchmarks/ and scripts/ are not packages)."""
+"""Scripts run as a user runs them: a benchmark or script imported by its file path (benchmarks/
+and scripts/ are not packages), and launch.py as a subprocess."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,3 +24,16 @@ def load_script(relative_path: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 600):
+    """`python launch.py *args` from the repository root: the CompletedProcess, output captured
+    as text (a test that hangs fails at `timeout` instead of blocking the tier)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
