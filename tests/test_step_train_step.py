@@ -358,6 +358,24 @@ def test_packed_step_equals_padded_step(setups, label, mesh_shape, loss_cfg):
     assert_trees_close(g, ref_g, 1e-5)
 
 
+def test_prompt_mean_micro_batches_on_a_mesh_give_the_one_batch_update(setups):
+    """prompt-mean's 1/n_i is counted over the whole mini-batch: padded rows split into
+    micro-batches on (2,2,2) give the single-device one-micro-batch update."""
+    cfg, params, _ = setups["tiny-qwen3"]
+    rollouts, _, _ = make_rollouts(cfg, params)
+    prompt_mean = LossConfig(loss_agg_mode="prompt-mean")
+    split = dataclasses.replace(PADDED, micro_rows=4)
+    ref_m, ref_g, ref_plan = _layout_step(cfg, params, rollouts, PADDED, prompt_mean, (1, 1, 1))
+    m, g, plan = _layout_step(cfg, params, rollouts, split, prompt_mean, (2, 2, 2))
+    assert ref_plan.micro_batches == 1 and plan.micro_batches >= 2
+    for key, value in ref_m.items():
+        np.testing.assert_allclose(m[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert_trees_close(g, ref_g, 1e-5)
+    # The weights matter in this batch (groups of 4 and 3): token-mean's loss is another number.
+    token_mean, _, _ = _layout_step(cfg, params, rollouts, PADDED, LossConfig(), (1, 1, 1))
+    assert abs(token_mean["loss"] - ref_m["loss"]) > 1e-3 * abs(ref_m["loss"])
+
+
 def test_packed_forward_and_backward_equal_padded(setups):
     """Per token, log π, H and K of a packed batch equal the padded batch's, and the parameter
     gradient of Σ_t c_t log π_t + d_t H_t (random per-token cotangents, mapped with the tokens)
