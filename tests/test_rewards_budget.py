@@ -93,6 +93,8 @@ def test_power_towers_are_refused_by_size_not_by_a_kill():
         verdict = score_one(text, "1", CFG)
         assert verdict.status == "timeout" and "work budget" in verdict.detail, text
     assert score_one("\\boxed{0.5^{10}}", "0.0009765625", CFG).status == "correct"
+    # A float base near 1 grows slowly: a large exponent is cheap and stays allowed.
+    assert score_one("\\boxed{1.0000001^{10000000}}", "2.718281692", CFG).status == "correct"
     assert score_one("The answer is 2**0.5", "1.41421356237", CFG).status == "correct"
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import sys
 
 # 2**20 bits (~315,000 digits) take milliseconds; every honest answer is far smaller.
@@ -103,14 +104,15 @@ def _exponent_size(expt) -> float | None:
 
 def _base_size(base) -> float:
     """The bits a power of `base` grows by per unit of exponent: max(|p|, |q|)'s bit length for
-    a rational (the exact result's size), |log2 |x|| for a float (the size of its exponent)."""
+    a rational (the exact result's size), |log2 |x|| for a float (its binary exponent's growth:
+    1.0000001 ** 10**7 is about e and stays allowed, 9.0 ** 10**7 is not)."""
     p, q = getattr(base, "p", None), getattr(base, "q", None)
     if isinstance(p, int) and isinstance(q, int):
         return 0.0 if max(abs(p), abs(q)) <= 1 else float(max(abs(p), abs(q)).bit_length())
-    _sign, mantissa, exponent, bits = base._mpf_
+    _sign, mantissa, exponent, _bits = base._mpf_
     if not mantissa:
         return 0.0  # 0, or an infinity/NaN (mpmath computes those without work)
-    return float(max(abs(exponent + bits), abs(exponent + bits - 1)))
+    return abs(math.log2(mantissa) + exponent)
 
 
 def _refuse_huge_power(original):
@@ -120,6 +122,7 @@ def _refuse_huge_power(original):
             # A Float exponent matters as much as an Integer one: math-verify's numeric check
             # turns `9**9**9**9` into Float(9) ** Float(9**387420489), which mpmath computes by
             # squaring through the exponent's billion bits.
+            # (0 * inf is NaN, never above the limit: 1.0 ** huge is mpmath's cheap case.)
             if size is not None and size > 1 and _base_size(self) * size > _MAX_POWER_BITS:
                 _Budget.exceeded = True
                 raise WorkBudgetExceeded()
