@@ -86,6 +86,9 @@ def smollm2_config():
         from configs import smollm2_arith
 
         config = smollm2_arith.get_config()
+        # The config accumulates two half-batches (the same gradient, half the activations);
+        # TRL's bnpo would normalise each half on its own, so both sides take the whole batch.
+        config.train.micro_batches = 1
         from dynamo_jax.config import from_config_dict
 
         run = from_config_dict(config)

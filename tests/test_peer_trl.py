@@ -109,6 +109,19 @@ def test_settings_of_the_small_shape_force_the_length():
     assert kw["max_completion_length"] == 32
 
 
+def test_settings_of_the_smollm2_shape_are_the_real_model_run_in_one_batch():
+    from dynamo_jax.config import from_config_dict
+
+    cfg = from_config_dict(peer_trl.smollm2_config())
+    assert cfg.model.hidden_size == 576 and cfg.train.micro_batches == 1
+    _, kw = peer_trl.trl_settings(cfg, force_length=False)
+    # 8 prompts x 8 = 64 a step, one update on-policy: neither side runs a behaviour pass
+    assert kw["per_device_train_batch_size"] == 64 and kw["steps_per_generation"] == 1
+    assert kw["num_iterations"] == 1 and cfg.skips_logprob_pass
+    assert kw["temperature"] == 0.7 and kw["max_completion_length"] == 16
+    assert kw["learning_rate"] == 2e-5 and "generation_kwargs" not in kw
+
+
 @pytest.mark.parametrize(
     "changes, word",
     [
