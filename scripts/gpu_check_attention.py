@@ -51,7 +51,7 @@ def packed_segments(length: int, seed: int = 0) -> np.ndarray:
     return seg
 
 
-def impls(block: int, interpret: bool = False):
+def impls(block: int, interpret: bool = False, pallas_blocks: tuple[int, int] = (64, 32)):
     def matmul(q, k, v, slot, seg):
         return qwen.attend(q, k, v, qwen.attention_mask(slot, seg, seg), True)
 
@@ -65,7 +65,10 @@ def impls(block: int, interpret: bool = False):
         return blockwise_attention(q, k, v, slot, seg, seg, block_q=block, block_k=block)
 
     def pallas(q, k, v, slot, seg):
-        return pallas_attention(q, k, v, seg, interpret=interpret)
+        fwd, bwd = pallas_blocks
+        return pallas_attention(
+            q, k, v, seg, block_q=fwd, block_k=fwd, block_backward=bwd, interpret=interpret
+        )
 
     return dict(blockwise=blockwise, matmul=matmul, pallas=pallas, cudnn=cudnn)
 
@@ -108,8 +111,11 @@ def timed(step, args, iters):
     return statistics.median(times)
 
 
-def check(lengths, names, heads, kv_heads, e, block, iters, interpret=False, time_it=True):
-    fns = impls(block, interpret)
+def check(
+    lengths, names, heads, kv_heads, e, block, iters, interpret=False, time_it=True,
+    pallas_blocks=(64, 32),
+):  # fmt: skip
+    fns = impls(block, interpret, pallas_blocks)
     print(
         f"heads {heads}/{kv_heads}, head_dim {e}, blockwise blocks {block}; diffs: float32, real "
         "tokens, vs blockwise; time: bf16 forward + backward, median of "
@@ -154,11 +160,18 @@ def main() -> int:
     parser.add_argument("--head_dim", type=int, default=128)
     parser.add_argument("--block", type=int, default=512, help="blockwise block_q = block_k")
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument(
+        "--pallas_block", type=int, default=64, help="pallas forward blocks (at most 64)"
+    )
+    parser.add_argument("--pallas_bwd_block", type=int, default=32, help="pallas backward blocks")
     args = parser.parse_args()
     names = args.impls.split(",")
     if jax.default_backend() == "gpu":
         lengths = [int(x) for x in args.lengths.split(",")]
-        check(lengths, names, args.heads, args.kv_heads, args.head_dim, args.block, args.iters)
+        check(
+            lengths, names, args.heads, args.kv_heads, args.head_dim, args.block, args.iters,
+            pallas_blocks=(args.pallas_block, args.pallas_bwd_block),
+        )  # fmt: skip
         return 0
     print(
         f"SKIP: no GPU (backend {jax.default_backend()!r}); the fused paths (pallas, cudnn) need "

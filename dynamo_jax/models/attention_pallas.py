@@ -40,8 +40,9 @@ def pallas_attention(
     v_BxLxKxE: Array,
     seg_BxL: Array,
     *,
-    block_q: int = 128,
-    block_k: int = 128,
+    block_q: int = 64,
+    block_k: int = 64,
+    block_backward: int = 32,
     interpret: bool = False,
 ) -> Array:
     """Causal attention within segments (training layout: keys are the queries' own row)."""
@@ -49,16 +50,22 @@ def pallas_attention(
 
     b, length, h, e = q_BxLxHxE.shape
     g = h // k_BxLxKxE.shape[2]
-    # The Triton kernel holds a [block_q, block_k] tile in registers: 128 is its default cap.
-    bq, bk = _pow2_at_most(length, min(block_q, 128)), _pow2_at_most(length, min(block_k, 128))
+    # The Triton kernel holds a [block_q, block_k] tile in registers. Capped at 64: at 128 with
+    # head_dim 128 in float32 the forward asked an H200 for 257 KiB of shared memory (it has
+    # 227 KiB) and failed to launch; 64 runs (scripts/gpu_check_attention.py, docs/scaling.md).
+    bq, bk = _pow2_at_most(length, min(block_q, 64)), _pow2_at_most(length, min(block_k, 64))
     padded = -(-length // max(bq, bk)) * max(bq, bk)
     pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
     q = jnp.pad(q_BxLxHxE, pad)
     k = jnp.pad(jnp.repeat(k_BxLxKxE, g, axis=2), pad)
     v = jnp.pad(jnp.repeat(v_BxLxKxE, g, axis=2), pad)
     seg = jnp.pad(seg_BxL.astype(jnp.int32), ((0, 0), (0, padded - length)))
+    # The backward kernels keep more tiles per block: 32 is JAX's own default for them
+    # (BlockSizes.get_default); powers of two no larger than the forward's, so they divide the
+    # padded length.
+    bb = min(_pow2_at_most(length, block_backward), bq, bk)
     sizes = pallas_gpu_attention.BlockSizes(
-        block_q=bq, block_k=bk, block_q_dkv=bq, block_kv_dkv=bk, block_q_dq=bq, block_kv_dq=bk
+        block_q=bq, block_k=bk, block_q_dkv=bb, block_kv_dkv=bb, block_q_dq=bb, block_kv_dq=bb
     )
     out = pallas_gpu_attention.mha(
         q,
