@@ -258,8 +258,10 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> 
     from dynamo_jax.loop.build import build_trainer
     from dynamo_jax.loop.rl_step import rl_step
 
+    from dynamo_jax.models.fetch import resolve_init
+
     config, force = shape_config(shape, seed, steps)
-    cfg = from_config_dict(config)
+    cfg = resolve_init(from_config_dict(config))  # smollm2: the wheel's GGUF, converted once
     rows, kwargs = trl_settings(cfg, force_length=force)
     tr = build_trainer(cfg, Path(tmp) / "project")
     if force:
