@@ -257,7 +257,6 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> 
     from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
     from dynamo_jax.loop.build import build_trainer
     from dynamo_jax.loop.rl_step import rl_step
-
     from dynamo_jax.models.fetch import resolve_init
 
     config, force = shape_config(shape, seed, steps)
@@ -300,7 +299,9 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> 
             phases = {
                 "generate": m["time/generate"],
                 "score": m["time/score"],
-                "old_logprobs": m["time/old_logprobs"] + m.get("time/behaviour_logprobs", 0.0),
+                # no key when the pass is skipped (on-policy, RunConfig.skips_logprob_pass)
+                "old_logprobs": m.get("time/old_logprobs", 0.0)
+                + m.get("time/behaviour_logprobs", 0.0),
                 "update": m["time/update"],
                 "step": wall,
             }
