@@ -3,7 +3,7 @@
     bash scripts/make_trl_venv.sh                         # once: TRL 1.16 + CPU torch 2.13
     python benchmarks/peer_trl.py --shape tiny --rounds 4 --steps_per_round 5
     python benchmarks/peer_trl.py --shape small --modes single --rounds 3 --steps_per_round 2
-    python benchmarks/peer_trl.py --shape tiny --sample_efficiency --seeds 4 --steps 100
+    python benchmarks/peer_trl.py --shape tiny --sample_efficiency --seeds 8 --steps 150 --task mixed
 
 The project side builds the shape's run (configs/tiny.py's GRPO recipe at that shape), exports
 its initial weights and tokenizer as an HF directory, and writes the prompts (messages, token ids,
@@ -56,11 +56,12 @@ class Unavailable(Exception):
 # ----------------------------------------------------------------------------- shapes
 
 
-def shape_config(shape: str, seed: int, steps: int):
-    """(ConfigDict, force_length) of a shape: configs/tiny.py's GRPO recipe at that shape."""
+def shape_config(shape: str, seed: int, steps: int, task: str = "max"):
+    """(ConfigDict, force_length) of a shape: configs/tiny.py's GRPO recipe at that shape, on the
+    synthetic `task` (tiny, small)."""
     from configs import tiny
 
-    config = tiny.get_config("method=grpo")
+    config = tiny.get_config(f"method=grpo,task={task}")
     force = False
     if shape == "small":  # small-qwen3 over the synthetic vocabulary, 32 tokens every time
         from configs import base
@@ -251,7 +252,7 @@ def say(obj) -> None:
     sys.stdout.flush()
 
 
-def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> None:
+def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str, task: str) -> None:
     """The project side: build the run, export its init + the TRL spec, then train on command."""
     from dynamo_jax.config import from_config_dict
     from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
@@ -259,7 +260,7 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str) -> 
     from dynamo_jax.loop.rl_step import rl_step
     from dynamo_jax.models.fetch import resolve_init
 
-    config, force = shape_config(shape, seed, steps)
+    config, force = shape_config(shape, seed, steps, task)
     cfg = resolve_init(from_config_dict(config))  # smollm2: the wheel's GGUF, converted once
     rows, kwargs = trl_settings(cfg, force_length=force)
     tr = build_trainer(cfg, Path(tmp) / "project")
@@ -380,6 +381,7 @@ def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker
     env, prefix = worker_env(mode)
     me = [sys.executable, str(Path(__file__).resolve()), "--_project_worker", args.shape]
     me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp, "--reward", args.reward]
+    me += ["--task", args.task]
     project = Worker("project", prefix + me, env, Path(tmp) / "project.log")
     project.answer()
     spec = json.loads((Path(tmp) / "spec.json").read_text())
@@ -496,6 +498,7 @@ def sample_efficiency(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="tiny", choices=SHAPES)
+    parser.add_argument("--task", default="max", help="the synthetic task of tiny / small")
     parser.add_argument("--modes", default="single,all", help="comma list of single | all")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps_per_round", type=int, default=5)
@@ -519,7 +522,9 @@ def main() -> None:
     parser.add_argument("--_tmp", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._project_worker:
-        return project_worker(args._project_worker, args.seed, args._steps, args._tmp, args.reward)
+        return project_worker(
+            args._project_worker, args.seed, args._steps, args._tmp, args.reward, args.task
+        )
     if not args.trl_python.exists():
         sys.exit(f"peer_trl: {args.trl_python} not found: run `bash scripts/make_trl_venv.sh`")
     if any(m not in ("single", "all") for m in args.modes.split(",")):

@@ -109,6 +109,12 @@ def test_settings_of_the_small_shape_force_the_length():
     assert kw["max_completion_length"] == 32
 
 
+def test_the_task_reaches_the_shape_config():
+    assert peer_trl.shape_config("tiny", 3, 10)[0].data.synthetic_op == "max"
+    config, force = peer_trl.shape_config("small", 3, 10, task="mixed")
+    assert config.data.synthetic_op == "mixed" and force
+
+
 def test_settings_of_the_smollm2_shape_are_the_real_model_run_in_one_batch():
     from dynamo_jax.config import from_config_dict
 
