@@ -92,6 +92,7 @@ def test_settings_map_the_tiny_grpo_run_one_to_one():
     assert kw["learning_rate"] == 1e-3 and kw["weight_decay"] == 0.01
     assert (kw["adam_beta1"], kw["adam_beta2"], kw["adam_epsilon"]) == (0.9, 0.999, 1e-8)
     assert kw["max_grad_norm"] == 1.0 and kw["lr_scheduler_type"] == "constant"
+    assert kw["gradient_checkpointing"] is False  # TRL's default is True: not the same work
     assert kw["max_completion_length"] == 4 and kw["temperature"] == 1.0
     assert kw["top_p"] == 1.0 and kw["top_k"] == 0  # the project's -1 (off) is TRL's 0 (off)
     assert kw["seed"] == kw["data_seed"] == 3
