@@ -1,0 +1,148 @@
+"""Where a decode step's time goes on CPU: cache size, dense matmuls, and HF transformers beside it.
+
+    python benchmarks/decode_profile.py                           # small-qwen3, 128 rows, 1 thread
+    python benchmarks/decode_profile.py --preset smollm2-135m --vocab 0 --slots 80
+
+One decode step of `models/decode.decode_step` (the step the embedded engine's decode program
+loops over), timed inside a `fori_loop` of `--steps` steps like the engine runs it, for each
+`--slots` KV-cache size (prompt 16 + the rest generated) and both layer layouts
+(`scan_layers` True, the presets' default, and False). Beside it, at the same rows:
+- "dense matmuls only": the step's q/k/v/o, MLP and unembedding matmuls alone (no attention, no
+  cache, no norms), the FLOPs floor of the step on this machine;
+- HF transformers' decode step (torch, the same shape, `DynamicCache`), what TRL generates with.
+
+A step whose time grows with the cache much faster than the attention's reads of it is copying
+the cache: that is what this prints. Single-threaded by default (`--threads 1` pins nothing; run
+it under `taskset -c N` for a quiet core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _median_seconds(fn, *args, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn(*args))  # compile / warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, repeats: int):
+    """[(label, seconds per step)] of the project's decode step and its dense matmuls."""
+    import jax
+    import jax.numpy as jnp
+
+    from dynamo_jax.models import qwen
+    from dynamo_jax.models.decode import decode_step, init_cache, prefill
+    from dynamo_jax.models.presets import get_preset
+
+    out = []
+    prompt = 16
+    for scan in (True, False):
+        overrides = {"scan_layers": scan, **({"vocab_size": vocab} if vocab else {})}
+        cfg = get_preset(preset, **overrides)
+        params = qwen.init_params(cfg, jax.random.key(0))
+        tokens = jnp.ones((rows, prompt), jnp.int32)
+        for total in slots:
+            cache = init_cache(cfg, rows, total)
+            _, cache = jax.jit(prefill, static_argnums=1)(params, cfg, tokens, tokens, cache)
+
+            def loop(params, cache, tok_B, cfg=cfg):
+                def body(_, carry):
+                    cache, tok_B = carry
+                    logits_BxV, cache = decode_step(params, cfg, tok_B, cache)
+                    return cache, jnp.argmax(logits_BxV, -1).astype(jnp.int32)
+
+                return jax.lax.fori_loop(0, steps, body, (cache, tok_B))
+
+            n = min(steps, total - prompt)
+            seconds = _median_seconds(jax.jit(loop), params, cache, tokens[:, 0], repeats=repeats)
+            kv_mib = 2 * cfg.num_layers * rows * total * cfg.num_kv_heads * cfg.head_dim * 4 / 2**20
+            out.append((f"decode step, scan_layers={scan}, {total} slots ({kv_mib:.1f} MiB k+v)",
+                        seconds / n))  # fmt: skip
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
+    shapes = [(d, qkv), (cfg.num_heads * cfg.head_dim, d), (d, f), (d, f), (f, d)]
+    weights = [jnp.full(s, 1e-3, jnp.float32) for s in shapes]
+
+    def dense(x_BxD, weights):
+        for _ in range(cfg.num_layers):
+            wqkv, wo, wg, wu, wd = weights
+            x_BxD = x_BxD + (x_BxD @ wqkv)[:, : wo.shape[0]] @ wo
+            x_BxD = x_BxD + ((x_BxD @ wg) * (x_BxD @ wu)) @ wd
+        return x_BxD @ jnp.full((d, v), 1e-3, jnp.float32)
+
+    x = jnp.ones((rows, d), jnp.float32)
+    out.append(("dense matmuls only", _median_seconds(jax.jit(dense), x, weights, repeats=20)))
+    return cfg, out
+
+
+def torch_row(cfg, rows: int, slots: int, threads: int) -> float:
+    """HF transformers' median decode-step seconds at the same shape (a random model)."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    family = transformers.Qwen3Config if cfg.qk_norm else transformers.LlamaConfig
+    hf = family(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, tie_word_embeddings=cfg.tie_word_embeddings,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(hf).eval()
+    times = []
+    with torch.no_grad():
+        out = model(torch.ones((rows, 16), dtype=torch.long), use_cache=True)
+        cache = out.past_key_values
+        tok = torch.ones((rows, 1), dtype=torch.long)
+        for _ in range(slots - 16):
+            start = time.perf_counter()
+            out = model(tok, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - start)
+            cache = out.past_key_values
+    return statistics.median(times[2:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small-qwen3")
+    parser.add_argument("--vocab", type=int, default=32, help="0 = the preset's vocabulary")
+    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--slots", default="48,128,256", help="cache sizes (prompt 16 + new)")
+    parser.add_argument("--steps", type=int, default=16, help="decode steps per timed loop")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-torch", dest="torch", action="store_false")
+    args = parser.parse_args()
+    if args.threads == 1:  # before JAX starts: XLA's own pool off, one thread
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        )
+    slots = [int(s) for s in args.slots.split(",")]
+    cfg, rows = jax_rows(args.preset, args.vocab, args.rows, slots, args.steps, args.repeats)
+    if args.torch:
+        rows.append((f"HF transformers decode step, {slots[0]} slots",
+                     torch_row(cfg, args.rows, slots[0], args.threads)))  # fmt: skip
+    print(f"{args.preset} (vocab {cfg.vocab_size}), {args.rows} rows, {args.threads} thread(s), "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    for label, seconds in rows:
+        print(f"  {label:60s} {seconds * 1e3:8.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
