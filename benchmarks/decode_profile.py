@@ -73,6 +73,8 @@ def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, r
             kv_mib = 2 * cfg.num_layers * rows * total * cfg.num_kv_heads * cfg.head_dim * 4 / 2**20
             out.append((f"decode step, scan_layers={scan}, {total} slots ({kv_mib:.1f} MiB k+v)",
                         seconds / n))  # fmt: skip
+    for total in slots:
+        out += _cache_parts(cfg, rows, total, steps, repeats)
     d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     qkv = cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim
     shapes = [(d, qkv), (cfg.num_heads * cfg.head_dim, d), (d, f), (d, f), (f, d)]
@@ -88,6 +90,62 @@ def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, r
     x = jnp.ones((rows, d), jnp.float32)
     out.append(("dense matmuls only", _median_seconds(jax.jit(dense), x, weights, repeats=20)))
     return cfg, out
+
+
+def _cache_parts(cfg, rows: int, total: int, steps: int, repeats: int):
+    """The step's two cache-sized parts alone, all layers, per step: attention over the cache
+    (`models/qwen.attend`) and the cache write as the layers do it (each layer's slice updated,
+    then stacked again) against a write in place into the stacked cache."""
+    import jax
+    import jax.numpy as jnp
+
+    from dynamo_jax.models.qwen import attend
+
+    layers, kv, e = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    k_cache = jnp.zeros((layers, rows, total, kv, e))
+    v_cache = jnp.zeros((layers, rows, total, kv, e))
+    q_Bx1xHxE = jnp.ones((rows, 1, cfg.num_heads, e))
+    new_Bx1xKxE = jnp.ones((rows, 1, kv, e))
+    allowed_Bx1xS = jnp.ones((rows, 1, total), bool)
+
+    def attention(k_cache, v_cache, q):
+        def body(_, acc):
+            for layer in range(layers):
+                acc = acc + attend(q + acc, k_cache[layer], v_cache[layer], allowed_Bx1xS, False)
+            return acc
+
+        return jax.lax.fori_loop(0, steps, body, jnp.zeros_like(q))
+
+    def restacked(k_cache, v_cache, new):
+        def body(i, caches):
+            k_all, v_all = caches
+            start = (0, i, 0, 0)
+            ks = [jax.lax.dynamic_update_slice(k_all[j], new + i, start) for j in range(layers)]
+            vs = [jax.lax.dynamic_update_slice(v_all[j], new + i, start) for j in range(layers)]
+            return jnp.stack(ks), jnp.stack(vs)
+
+        return jax.lax.fori_loop(0, steps, body, (k_cache, v_cache))
+
+    def in_place(k_cache, v_cache, new):
+        def body(i, caches):
+            k_all, v_all = caches
+            for j in range(layers):
+                k_all = jax.lax.dynamic_update_slice(k_all, (new + i)[None], (j, 0, i, 0, 0))
+                v_all = jax.lax.dynamic_update_slice(v_all, (new + i)[None], (j, 0, i, 0, 0))
+            return k_all, v_all
+
+        return jax.lax.fori_loop(0, steps, body, (k_cache, v_cache))
+
+    parts = (
+        ("attention over the cache only", attention, q_Bx1xHxE),
+        ("cache write: slices updated, then stacked", restacked, new_Bx1xKxE),
+        ("cache write: in place into the stacked cache", in_place, new_Bx1xKxE),
+    )
+    return [
+        (f"  {label}, {total} slots",
+         _median_seconds(jax.jit(fn), k_cache, v_cache, x, repeats=repeats) / steps)
+        for label, fn, x in parts
+    ]  # fmt: skip
 
 
 def torch_row(cfg, rows: int, slots: int, threads: int) -> float:
