@@ -5,6 +5,7 @@ lengths of packed rows.
     python scripts/gpu_check_attention.py                      # 1k, 4k, 8k, 16k on a GPU
     python scripts/gpu_check_attention.py --lengths 1024,4096  # fewer
     python scripts/gpu_check_attention.py --heads 40 --kv_heads 8  # Qwen3-14B's heads
+    python scripts/gpu_check_attention.py --pallas_block 32 --pallas_bwd_block 16  # other tiles
 
 Shapes default to Qwen2.5-7B's attention (28 query heads, 4 kv heads, head_dim 128), one row
 per length packed with sequences of uneven length and a tail of empty slots. Differences are
