@@ -68,11 +68,10 @@ def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, r
 
                 return jax.lax.fori_loop(0, steps, body, (cache, tok_B))
 
-            n = min(steps, total - prompt)
             seconds = _median_seconds(jax.jit(loop), params, cache, tokens[:, 0], repeats=repeats)
             kv_mib = 2 * cfg.num_layers * rows * total * cfg.num_kv_heads * cfg.head_dim * 4 / 2**20
             out.append((f"decode step, scan_layers={scan}, {total} slots ({kv_mib:.1f} MiB k+v)",
-                        seconds / n))  # fmt: skip
+                        seconds / steps))  # fmt: skip
     for total in slots:
         out += _cache_parts(cfg, rows, total, steps, repeats)
     d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
@@ -192,6 +191,8 @@ def main() -> None:
             + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         )
     slots = [int(s) for s in args.slots.split(",")]
+    if min(slots) < 16 + args.steps:  # the timed loop writes --steps tokens after the prompt
+        parser.error(f"--slots must each be at least 16 + --steps = {16 + args.steps}")
     cfg, rows = jax_rows(args.preset, args.vocab, args.rows, slots, args.steps, args.repeats)
     if args.torch:
         rows.append((f"HF transformers decode step, {slots[0]} slots",
