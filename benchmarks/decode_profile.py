@@ -93,29 +93,43 @@ def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, r
 
 def _cache_parts(cfg, rows: int, total: int, steps: int, repeats: int):
     """The step's two cache-sized parts alone, all layers, per step: attention over the cache
-    (`models/qwen.attend`) and the cache write as the layers do it (each layer's slice updated,
-    then stacked again) against a write in place into the stacked cache."""
+    (`models/qwen.attend_kv_major`, the cache's own layout) and the cache write, each layer's
+    new slot written in place into its own arrays as `Transformer.extend` does; beside them the
+    earlier stacked [Ly, B, S, K, E] cache, sliced per layer then stacked again, which copied
+    the whole cache every token."""
     import jax
     import jax.numpy as jnp
 
-    from dynamo_jax.models.qwen import attend
+    from dynamo_jax.models.qwen import attend_kv_major
 
     layers, kv, e = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-    k_cache = jnp.zeros((layers, rows, total, kv, e))
-    v_cache = jnp.zeros((layers, rows, total, kv, e))
+    k_cache = tuple(jnp.zeros((rows, kv, e, total)) for _ in range(layers))
+    v_cache = tuple(jnp.zeros((rows, kv, total, e)) for _ in range(layers))
     q_Bx1xHxE = jnp.ones((rows, 1, cfg.num_heads, e))
-    new_Bx1xKxE = jnp.ones((rows, 1, kv, e))
     allowed_Bx1xS = jnp.ones((rows, 1, total), bool)
 
     def attention(k_cache, v_cache, q):
         def body(_, acc):
             for layer in range(layers):
-                acc = acc + attend(q + acc, k_cache[layer], v_cache[layer], allowed_Bx1xS, False)
+                acc = acc + attend_kv_major(q + acc, k_cache[layer], v_cache[layer], allowed_Bx1xS)
             return acc
 
         return jax.lax.fori_loop(0, steps, body, jnp.zeros_like(q))
 
-    def restacked(k_cache, v_cache, new):
+    def in_place(k_cache, v_cache, new):
+        def body(i, caches):
+            ks, vs = caches
+            ks = tuple(
+                jax.lax.dynamic_update_slice(k, (new + i)[..., None], (0, 0, 0, i)) for k in ks
+            )
+            vs = tuple(
+                jax.lax.dynamic_update_slice(v, (new + i)[:, :, None], (0, 0, i, 0)) for v in vs
+            )
+            return ks, vs
+
+        return jax.lax.fori_loop(0, steps, body, (k_cache, v_cache))
+
+    def restacked(k_all, v_all, new):
         def body(i, caches):
             k_all, v_all = caches
             start = (0, i, 0, 0)
@@ -123,27 +137,26 @@ def _cache_parts(cfg, rows: int, total: int, steps: int, repeats: int):
             vs = [jax.lax.dynamic_update_slice(v_all[j], new + i, start) for j in range(layers)]
             return jnp.stack(ks), jnp.stack(vs)
 
-        return jax.lax.fori_loop(0, steps, body, (k_cache, v_cache))
+        return jax.lax.fori_loop(0, steps, body, (k_all, v_all))
 
-    def in_place(k_cache, v_cache, new):
-        def body(i, caches):
-            k_all, v_all = caches
-            for j in range(layers):
-                k_all = jax.lax.dynamic_update_slice(k_all, (new + i)[None], (j, 0, i, 0, 0))
-                v_all = jax.lax.dynamic_update_slice(v_all, (new + i)[None], (j, 0, i, 0, 0))
-            return k_all, v_all
-
-        return jax.lax.fori_loop(0, steps, body, (k_cache, v_cache))
-
+    stacked = jnp.zeros((layers, rows, total, kv, e))
     parts = (
-        ("attention over the cache only", attention, q_Bx1xHxE),
-        ("cache write: slices updated, then stacked", restacked, new_Bx1xKxE),
-        ("cache write: in place into the stacked cache", in_place, new_Bx1xKxE),
+        ("attention over the cache only", attention, (k_cache, v_cache, q_Bx1xHxE)),
+        (
+            "cache write in place, per-layer arrays",
+            in_place,
+            (k_cache, v_cache, jnp.ones((rows, kv, e))),
+        ),
+        (
+            "(before: stacked cache sliced, written, stacked)",
+            restacked,
+            (stacked, stacked, jnp.ones((rows, 1, kv, e))),
+        ),
     )
     return [
         (f"  {label}, {total} slots",
-         _median_seconds(jax.jit(fn), k_cache, v_cache, x, repeats=repeats) / steps)
-        for label, fn, x in parts
+         _median_seconds(jax.jit(fn), *inputs, repeats=repeats) / steps)
+        for label, fn, inputs in parts
     ]  # fmt: skip
 
 

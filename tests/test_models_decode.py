@@ -80,7 +80,9 @@ def test_prefill_then_steps_equals_one_prefill(model_and_params):
 def test_cache_shapes_and_errors():
     cfg = ModelConfig("qwen3", 64, 32, 64, 3, 4, 2, head_dim=16)
     cache = decode.init_cache(cfg, 2, 10, dtype=jnp.bfloat16)
-    assert cache.k.shape == (3, 2, 10, 2, 16) and cache.k.dtype == jnp.bfloat16
+    assert len(cache.k) == len(cache.v) == 3  # one array per layer
+    assert cache.k[0].shape == (2, 2, 16, 10) and cache.k[0].dtype == jnp.bfloat16
+    assert cache.v[0].shape == (2, 2, 10, 16) and cache.v[0].dtype == jnp.bfloat16
     assert cache.max_len == 10
     params = None  # the checks fire before any parameter is touched
     with pytest.raises(ValueError, match="prompt length 11 > cache max_len 10"):

@@ -24,33 +24,37 @@ Array = jax.Array
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys/values stacked on a leading layer axis, plus bookkeeping.
+    """Each layer's keys/values, plus bookkeeping.
 
-    k, v:       [Ly, B, S, K, E] keys (after RoPE) and values
+    k:          Ly arrays [B, K, E, S], keys after RoPE
+    v:          Ly arrays [B, K, S, E], values
+                (separate per-layer arrays in the attention's operand layout, so a decode loop
+                writes each layer's new slot in place: models/qwen.Transformer.extend)
     valid_BxS:  int32, 1 where a slot holds a real token
     index:      int32 scalar, the next slot to write (same for every row)
     next_pos_B: int32, the RoPE position of each row's next token
     """
 
-    k: Array
-    v: Array
+    k: tuple[Array, ...]
+    v: tuple[Array, ...]
     valid_BxS: Array
     index: Array
     next_pos_B: Array
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.v[0].shape[2]
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = jnp.float32) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens (prompt + generated)."""
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, max_len)
+    v_shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.num_layers)),
+        v=tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.num_layers)),
         valid_BxS=jnp.zeros((batch, max_len), jnp.int32),
         index=jnp.zeros((), jnp.int32),
         next_pos_B=jnp.zeros((batch,), jnp.int32),

@@ -46,7 +46,7 @@ from dynamo_jax.models.attention_blockwise import blockwise_attention
 from dynamo_jax.models.config import ModelConfig
 
 Array = jax.Array
-# (k_BxSxKxE, v_BxSxKxE) of one layer, or None when running without a cache.
+# One layer's KV cache, (k_BxKxExS, v_BxKxSxE), or None when running without a cache.
 LayerKV = tuple[Array, Array] | None
 
 _INIT_STD = 0.02  # HF initializer_range for Qwen
@@ -114,27 +114,38 @@ def attend(
 
     `causal` (queries are the keys' own slots) is implied by the mask; this implementation does
     not need it. A query that may see nothing (an empty slot) gets a uniform average, finite.
+    The keys and values are turned into the matmul layout `attend_kv_major` takes.
+    """
+    del causal
+    k_BxKxExS = k_BxSxKxE.transpose(0, 2, 3, 1)
+    v_BxKxSxE = v_BxSxKxE.transpose(0, 2, 1, 3)
+    return attend_kv_major(q_BxLxHxE, k_BxKxExS, v_BxKxSxE, allowed_BxLxS)
+
+
+def attend_kv_major(
+    q_BxLxHxE: Array, k_BxKxExS: Array, v_BxKxSxE: Array, allowed_BxLxS: Array
+) -> Array:
+    """`attend` with keys as [B, K, E, S] and values as [B, K, S, E]: the KV cache's layout.
 
     Scores and softmax run in float32; the value product in the compute dtype. The products
     run as batched matmuls over (batch, kv head) with operands already in [rows, contraction]
     layout, and a kv head's G query heads stacked into one [G·L, E] operand: on XLA:CPU the
     same einsums in the [B, L, H, E] layout measured 1.6x (forward) and 1.8x (forward and
     backward) slower at 8 x 256 tokens, 4 heads of 64 (the dots ran on transposed copies).
+    The cache is stored in this layout so a decode step reads it without transposing it.
     """
     b, length, h, e = q_BxLxHxE.shape
-    kv_heads, s = k_BxSxKxE.shape[2], k_BxSxKxE.shape[1]
+    kv_heads, s = k_BxKxExS.shape[1], k_BxKxExS.shape[3]
     g = h // kv_heads
     q_BxKxQLxE = (
         q_BxLxHxE.reshape(b, length, kv_heads, g, e)
         .transpose(0, 2, 3, 1, 4)
         .reshape(b, kv_heads, g * length, e)
     )
-    k_BxKxExS = k_BxSxKxE.transpose(0, 2, 3, 1)
-    v_BxKxSxE = v_BxSxKxE.transpose(0, 2, 1, 3)
     scores = jnp.matmul(q_BxKxQLxE, k_BxKxExS, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, kv_heads, g, length, s) * (e**-0.5)
     scores = jnp.where(allowed_BxLxS[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxE.dtype)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxE.dtype)
     out = jnp.matmul(probs.reshape(b, kv_heads, g * length, s), v_BxKxSxE)
     return out.reshape(b, kv_heads, g, length, e).transpose(0, 3, 1, 2, 4).reshape(b, length, h, e)
 
@@ -212,6 +223,34 @@ ATTENTION_IMPLS = {
 }
 
 
+def _attend_cache(cfg, q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS,
+                  cache_index, layer_kv):  # fmt: skip
+    """Write L new keys/values into one layer's cache at `cache_index`, attend over the cache.
+
+    The cache (`LayerKV`) keeps keys as [B, K, E, S] and values as [B, K, S, E], the operands'
+    layout in `attend_kv_major`, so a decode step writes its one slot in place and reads the
+    cache as it is: transposing the whole cache for every token cost more than the attention
+    itself on XLA:CPU (benchmarks/decode_profile.py). The other implementations take [B, S, K, E]
+    and get transposed copies.
+    """
+    dt = q_BxLxHxE.dtype
+    k_cache, v_cache = layer_kv
+    new_k = k_BxLxKxE.transpose(0, 2, 3, 1).astype(k_cache.dtype)
+    new_v = v_BxLxKxE.transpose(0, 2, 1, 3).astype(v_cache.dtype)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, new_k, (0, 0, 0, cache_index))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, new_v, (0, 0, cache_index, 0))
+    k, v = k_cache.astype(dt), v_cache.astype(dt)
+    if cfg.attention_impl == "matmul":
+        allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
+        out = attend_kv_major(q_BxLxHxE, k, v, allowed_BxLxS)
+    else:
+        k_BxSxKxE, v_BxSxKxE = k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3)
+        out = ATTENTION_IMPLS[cfg.attention_impl](
+            q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, False, cfg
+        )
+    return out, (k_cache, v_cache)
+
+
 class Attention(nn.Module):
     cfg: ModelConfig
 
@@ -236,19 +275,14 @@ class Attention(nn.Module):
         q = rope(q, positions_BxL, cfg.rope_theta)
         k = rope(k, positions_BxL, cfg.rope_theta)
         q = nn.with_logical_constraint(q, ("act_batch", "act_len", "act_heads", None))
-        # Without a cache the keys are the queries' own slots: causal in the fused kernels' sense.
-        causal = layer_kv is None
-        if layer_kv is not None:
-            # Write this chunk's keys/values into the cache, then attend over the whole cache.
-            k_cache, v_cache = layer_kv
-            start = (0, cache_index, 0, 0)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-            layer_kv = (k_cache, v_cache)
-            k, v = k_cache.astype(dt), v_cache.astype(dt)
-        out = ATTENTION_IMPLS[cfg.attention_impl](
-            q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg
-        )
+        if layer_kv is None:
+            # The keys are the queries' own slots: causal in the fused kernels' sense.
+            out = ATTENTION_IMPLS[cfg.attention_impl](
+                q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, True, cfg
+            )
+        else:
+            out, layer_kv = _attend_cache(cfg, q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS,
+                                          cache_index, layer_kv)  # fmt: skip
         o_kernel = _Kernel(
             (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
             ("heads", "head_dim", "embed"),
@@ -392,22 +426,22 @@ class Transformer(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _Kernel((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt)
 
-    def _run(self, tokens_BxL, positions_BxL, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, kv):
-        """Embed, run all layers (optionally against a stacked cache), final norm."""
-        x = self.embed(tokens_BxL.astype(jnp.int32))
-        x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
-        masks = (q_slot_L, q_seg_BxL, kv_seg_BxS)
+    def _run(self, tokens_BxL, positions_BxL, segment_ids_BxL):
+        """Embed, run all layers over the rows themselves (no cache), final norm."""
+        x = self._embed(tokens_BxL)
+        q_slot_L = jnp.arange(tokens_BxL.shape[1])
+        seg = segment_ids_BxL.astype(jnp.int32)
+        masks = (q_slot_L, seg, seg)
         if self.cfg.scan_layers:
-            x, kv = self.layers(x, positions_BxL, *masks, cache_index, kv)
+            x, _ = self.layers(x, positions_BxL, *masks, None, None)
         else:
-            new_kv = []
-            for i, layer in enumerate(self.layer_list):
-                layer_kv = None if kv is None else (kv[0][i], kv[1][i])
-                x, layer_kv = layer(x, positions_BxL, *masks, cache_index, layer_kv)
-                new_kv.append(layer_kv)
-            if kv is not None:
-                kv = (jnp.stack([a for a, _ in new_kv]), jnp.stack([b for _, b in new_kv]))
-        return self.final_norm(x), kv
+            for layer in self.layer_list:
+                x, _ = layer(x, positions_BxL, *masks, None, None)
+        return self.final_norm(x)
+
+    def _embed(self, tokens_BxL: Array) -> Array:
+        x = self.embed(tokens_BxL.astype(jnp.int32))
+        return nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
 
     def hidden(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array) -> Array:
         """Final-norm hidden states [B, L, D] in the compute dtype (no unembedding).
@@ -415,9 +449,7 @@ class Transformer(nn.Module):
         `segment_ids_BxL`: 0 for empty slots, k >= 1 for the row's k-th sequence (a 0/1
         attention mask is one sequence per row); tokens attend within their segment only.
         """
-        q_slot_L = jnp.arange(tokens_BxL.shape[1])
-        seg = segment_ids_BxL.astype(jnp.int32)
-        h, _ = self._run(tokens_BxL, positions_BxL, q_slot_L, seg, seg, None, None)
+        h = self._run(tokens_BxL, positions_BxL, segment_ids_BxL)
         return h
 
     def logits(self, hidden_BxLxD: Array) -> Array:
@@ -438,17 +470,45 @@ class Transformer(nn.Module):
         return self.logits(self.hidden(tokens_BxL, positions_BxL, segment_ids_BxL))
 
     def extend(self, tokens_BxL, positions_BxL, q_slot_L, kv_valid_BxS, cache_index, kv):
-        """Run L new tokens against a stacked KV cache (k, v each [Ly, B, S, K, E]).
+        """Run L new tokens against a KV cache: (k, v), each a tuple of one array per layer
+        (`LayerKV` layout).
 
         `kv_valid_BxS` already marks the new tokens' slots (1 = real): a row of the cache is one
         segment. Returns (float32 logits of the last of the L tokens [B, V], updated (k, v)).
+
+        The layers run unrolled here whatever `scan_layers` says, each on its own cache arrays:
+        a decode loop then updates every layer's cache in place. Scanning would slice each
+        layer's cache out of a stacked one and stack it again, copying the whole cache for every
+        token (3-8x the attention's own time on XLA:CPU, benchmarks/decode_profile.py).
         """
         kv_seg_BxS = kv_valid_BxS.astype(jnp.int32)
         q_seg_BxL = jax.lax.dynamic_slice_in_dim(kv_seg_BxS, cache_index, q_slot_L.shape[0], axis=1)
-        h, kv = self._run(
-            tokens_BxL, positions_BxL, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, kv
-        )
-        return self.logits(h[:, -1:])[:, 0], kv
+        masks = (q_slot_L, q_seg_BxL, kv_seg_BxS)
+        x = self._embed(tokens_BxL)
+        new_k, new_v = [], []
+        for i, layer_params in enumerate(self._per_layer_params()):
+            # Unbound (parent=None): the layer's parameters are passed in, not owned here.
+            layer = DecoderLayer(self.cfg, parent=None)
+            x, (k, v) = layer.apply(
+                {"params": layer_params},
+                x,
+                positions_BxL,
+                *masks,
+                cache_index,
+                (kv[0][i], kv[1][i]),
+            )
+            new_k.append(k)
+            new_v.append(v)
+        h = self.final_norm(x)
+        return self.logits(h[:, -1:])[:, 0], (tuple(new_k), tuple(new_v))
+
+    def _per_layer_params(self) -> list[Any]:
+        """Each layer's parameter tree, sliced out of the stacked ones when layers are scanned."""
+        params = self.variables["params"]
+        if self.cfg.scan_layers:
+            stacked = params["layers"]
+            return [jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(self.cfg.num_layers)]
+        return [params[f"layers_{i}"] for i in range(self.cfg.num_layers)]
 
 
 def _init_boxed(cfg: ModelConfig, rng: Array):

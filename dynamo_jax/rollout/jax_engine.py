@@ -69,7 +69,7 @@ class _Knobs(NamedTuple):
 
 
 class _State(NamedTuple):
-    """Everything a batch carries between programs; batch is axis 0 except in the cache."""
+    """Everything a batch carries between programs; batch is axis 0."""
 
     cache: KVCache
     keys_B: jax.Array  # per-row PRNG keys
@@ -159,10 +159,11 @@ def _prefill_program(
 
 
 def _take_cache_rows(cache: KVCache, rows_b: jax.Array) -> KVCache:
-    """The cache of rows `rows_b` (repeats allowed); the batch axis is 1 in k/v, 0 elsewhere."""
+    """The cache of rows `rows_b` (repeats allowed); batch is axis 0 of every array."""
+    take0 = lambda x: jnp.take(x, rows_b, axis=0)
     return cache._replace(
-        k=jnp.take(cache.k, rows_b, axis=1),
-        v=jnp.take(cache.v, rows_b, axis=1),
+        k=tuple(take0(k) for k in cache.k),
+        v=tuple(take0(v) for v in cache.v),
         valid_BxS=jnp.take(cache.valid_BxS, rows_b, axis=0),
         next_pos_B=jnp.take(cache.next_pos_B, rows_b, axis=0),
     )
