@@ -66,7 +66,9 @@ def shape_config(shape: str, seed: int, steps: int, task: str = "max"):
     if shape == "small":  # small-qwen3 over the synthetic vocabulary, 32 tokens every time
         from configs import base
 
-        config.model = base.model("small-qwen3", vocab_size=config.model.vocab_size)
+        config.model = base.model(
+            "small-qwen3", vocab_size=config.model.vocab_size, scan_layers=False
+        )  # as configs/tiny.py
         config.rollout.max_new_tokens = 32
         force = True
     elif shape == "smollm2":

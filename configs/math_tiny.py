@@ -23,7 +23,7 @@ def get_config(arg: str | None = None):
     config = base.mlc.ConfigDict()
     config.name = "math_tiny"  # run name
     # tiny-qwen2 shape (2 layers, d=64) with Qwen2.5's 151,936-entry vocabulary
-    config.model = base.model("tiny-qwen2", vocab_size=151936)
+    config.model = base.model("tiny-qwen2", vocab_size=151936, scan_layers=False)  # CPU: unrolled
     config.init = base.init(tokenizer="qwen2")  # random weights; the real Qwen2 tokenizer
     config.data = base.data_math(
         paths=(str(DATA / "train.parquet"),),

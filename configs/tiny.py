@@ -37,7 +37,9 @@ def get_config(arg: str | None = None):
     # run name (metrics and plots titles); the default task keeps the historical name
     config.name = f"tiny_{method}" if task == "max" else f"tiny_{task}_{method}"
     # tiny-qwen3 (2 layers, d=64; models/presets.py) with the synthetic tokenizer's 32-token vocabulary
-    config.model = base.model("tiny-qwen3", vocab_size=32)
+    # Layers unrolled (not scanned): on CPU the scanned update ran 1.35x slower at small-qwen3
+    # (docs/scaling.md#layers-scanned-or-unrolled); at two layers compilation is no slower.
+    config.model = base.model("tiny-qwen3", vocab_size=32, scan_layers=False)
     config.init = base.init()  # random initialisation, the synthetic task's own tokenizer
     # "max(a,b)=" over digits 0..4: 25 problems whose one-digit answer a 2-layer model can learn;
     # or "mixed": copy/max/min over 0..4, 55 problems (at most 15 prompt tokens either way)

@@ -15,10 +15,15 @@ PROMPT_MASK = (np.arange(6)[None, :] >= np.array([3, 0, 1])[:, None]).astype(np.
 NEW = 6
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+# Decoding runs the layers unrolled either way (Transformer.extend); with scanned parameters it
+# slices each layer's weights out of the stack, so both parameter layouts are checked.
+@pytest.fixture(
+    scope="module", params=[("qwen2", True), ("qwen3", True), ("qwen3", False)], ids=str
+)
 def model_and_params(request):
-    model = make_tiny_hf_model(request.param, tie=request.param == "qwen3", seed=7)
-    cfg = ModelConfig.from_hf_config(model.config.to_dict())
+    family, scan = request.param
+    model = make_tiny_hf_model(family, tie=family == "qwen3", seed=7)
+    cfg = ModelConfig.from_hf_config(model.config.to_dict()).replace(scan_layers=scan)
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     return model, cfg, hf_io.from_hf_tensors(sd, cfg)
 
