@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.peer_trl_worker import PREFIX  # noqa: E402  (after the path insert)
+from benchmarks.peer_trl_worker import PREFIX, release_free_memory  # noqa: E402  (after the path insert)
 
 SHAPES = ("tiny", "small", "smollm2")
 PHASES = ("generate", "score", "old_logprobs", "update", "other", "step")
@@ -316,6 +316,7 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str, tas
             phases.update(reward=m["reward/mean"], length=m["response/len_mean"])
             out.append(phases)
         say({"steps": out, "load": os.getloadavg()[0]})
+        release_free_memory()
     tr.engine.close()
     tr.task.close()
 
