@@ -152,3 +152,29 @@ def test_row_keys_depend_on_ids_not_position():
     for other_seed in (12, 11 + 2**32, -11):
         c = jax.random.key_data(sampling.row_keys(other_seed, pids, idx))
         assert not np.array_equal(np.asarray(a), np.asarray(c)), other_seed
+
+
+def test_row_keys_are_the_fold_in_chain_computed_eagerly():
+    """The jitted keys are bit for bit the documented chain fold_in(fold_in(fold_in(base, lo),
+    hi), index), base = fold_in(key(seed low 32 bits), seed high 32 bits), run op by op."""
+    rng = np.random.default_rng(0)
+    pids = rng.integers(-(2**62), 2**62, 64)
+    idx = rng.integers(0, 16, 64)
+    for seed in (0, -5, 2**40 + 3):
+        s = seed & 0xFFFFFFFFFFFFFFFF
+        base = jax.random.fold_in(jax.random.key(np.uint32(s & 0xFFFFFFFF)), np.uint32(s >> 32))
+        u = pids.astype(np.uint64)
+        want = [
+            jax.random.key_data(
+                jax.random.fold_in(
+                    jax.random.fold_in(
+                        jax.random.fold_in(base, np.uint32(int(p) & 0xFFFFFFFF)),
+                        np.uint32(int(p) >> 32),
+                    ),
+                    np.uint32(i),
+                )
+            )
+            for p, i in zip(u[:8], idx[:8])
+        ]
+        got = jax.random.key_data(sampling.row_keys(seed, pids, idx))[:8]
+        np.testing.assert_array_equal(np.asarray(got), np.stack([np.asarray(w) for w in want]))
