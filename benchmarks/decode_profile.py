@@ -61,6 +61,8 @@ def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, r
             _, cache = jax.jit(prefill, static_argnums=1)(params, cfg, tokens, tokens, cache)
 
             def loop(params, cache, tok_B, cfg=cfg):
+                params, cfg = qwen.unrolled_layers(params, cfg)  # once, as the engine does
+
                 def body(_, carry):
                     cache, tok_B = carry
                     logits_BxV, cache = decode_step(params, cfg, tok_B, cache)

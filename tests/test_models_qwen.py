@@ -92,6 +92,18 @@ def test_scan_and_unrolled_layers_give_same_logits(tiny3):
     np.testing.assert_allclose(out_scan, out_unrolled, atol=1e-5, rtol=0)
 
 
+def test_unrolled_layers_splits_the_stack_into_the_unrolled_tree(tiny3):
+    model, sd = tiny3
+    base = ModelConfig.from_hf_config(model.config.to_dict())
+    scanned, unrolled = base.replace(scan_layers=True), base.replace(scan_layers=False)
+    params, cfg = qwen.unrolled_layers(hf_io.from_hf_tensors(sd, scanned), scanned)
+    assert cfg == unrolled
+    # The very tree (and arrays) the unrolled layout loads from the same checkpoint.
+    jax.tree.map(np.testing.assert_array_equal, params, hf_io.from_hf_tensors(sd, unrolled))
+    same, same_cfg = qwen.unrolled_layers(params, unrolled)
+    assert same is params and same_cfg is unrolled
+
+
 def test_hidden_times_unembedding_is_logits(tiny3):
     model, sd = tiny3
     for tie in (False, True):

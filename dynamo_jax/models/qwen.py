@@ -504,11 +504,21 @@ class Transformer(nn.Module):
 
     def _per_layer_params(self) -> list[Any]:
         """Each layer's parameter tree, sliced out of the stacked ones when layers are scanned."""
-        params = self.variables["params"]
-        if self.cfg.scan_layers:
-            stacked = params["layers"]
-            return [jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(self.cfg.num_layers)]
+        params, _ = unrolled_layers(self.variables["params"], self.cfg)
         return [params[f"layers_{i}"] for i in range(self.cfg.num_layers)]
+
+
+def unrolled_layers(params: Any, cfg: ModelConfig) -> tuple[Any, ModelConfig]:
+    """The same model with scanned layers split into layers_0 .. layers_{Ly-1}: (params, cfg).
+
+    A decode loop calls this once, outside the loop: with stacked parameters XLA:CPU copied every
+    layer's weights out of the stack on every decode step (it does not hoist the slices)."""
+    if not cfg.scan_layers:
+        return params, cfg
+    out = {name: tree for name, tree in params.items() if name != "layers"}
+    for i in range(cfg.num_layers):
+        out[f"layers_{i}"] = jax.tree.map(lambda p, i=i: p[i], params["layers"])
+    return out, cfg.replace(scan_layers=False)
 
 
 def _init_boxed(cfg: ModelConfig, rng: Array):

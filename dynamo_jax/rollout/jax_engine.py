@@ -50,6 +50,7 @@ from jax.sharding import Mesh
 
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.models.decode import KVCache, decode_step, init_cache, prefill
+from dynamo_jax.models.qwen import unrolled_layers
 from dynamo_jax.rollout import buckets, sampling
 from dynamo_jax.rollout.config import JaxEngineConfig
 from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
@@ -171,12 +172,14 @@ def _take_cache_rows(cache: KVCache, rows_b: jax.Array) -> KVCache:
 
 def _decode_program(params, state, knobs, until, *, mode):
     """Decode steps until step == until or every row is done (early exit)."""
+    # Scanned layers' weights are sliced out of the stack once per call, not once per token.
+    params, cfg = unrolled_layers(params, mode.cfg)
 
     def cond(s: _State):
         return (s.step < until) & ~jnp.all(s.done_B)
 
     def body(s: _State):
-        logits_BxV, cache = decode_step(params, mode.cfg, s.last_B, s.cache)
+        logits_BxV, cache = decode_step(params, cfg, s.last_B, s.cache)
         return _emit(s._replace(cache=cache), logits_BxV, knobs, mode)
 
     return jax.lax.while_loop(cond, body, state)
