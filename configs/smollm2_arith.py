@@ -38,9 +38,8 @@ def get_config(arg: str | None = None):
     steps = 20
     config = base.mlc.ConfigDict()
     config.name = f"smollm2_arith_{method}"
-    # Layers scanned: unrolled, the update ran 1.10x faster on CPU but compiled ~35 s longer, and
-    # beside TRL in benchmarks/peer_trl.py the unrolled trainer ran out of the machine's 24 GiB
-    # (docs/scaling.md#layers-scanned-or-unrolled).
+    # Layers scanned: unrolled, the update ran 1.10x faster on CPU but compiled ~35 s longer
+    # (docs/scaling.md#layers-scanned-or-unrolled); not yet measured beside TRL unrolled.
     config.model = base.model("smollm2-135m", max_position_embeddings=2048)
     config.init = base.init(checkpoint=CHECKPOINT)  # the tokenizer comes with it
     config.data = base.data_math(
