@@ -78,6 +78,9 @@ def shape_config(shape: str, seed: int, steps: int, task: str = "max"):
     config.train.seed = seed
     config.data.seed = seed
     config.train.steps = steps
+    # The project's own setting for on-policy work: the first update's rows get no log-prob
+    # pass (π_old = stop_gradient(π) of that update's forward; RunConfig.first_update_on_policy).
+    config.train.skip_on_policy_logprob_pass = True
     return config, force
 
 
@@ -182,6 +185,12 @@ def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, 
         ("budget / mini_batch_size (updates per step)", updates, "steps_per_generation",
          updates),
         ("train.ppo_epochs", t.ppo_epochs, "num_iterations", t.ppo_epochs),
+        ("old log-probs (no-grad pass)",
+         ("none (one update: its own forward)" if cfg.skips_logprob_pass
+          else "rows of updates 2.. (update 1: its own forward)" if cfg.first_update_on_policy
+          else "every row"),
+         "old_per_token_logps",
+         "every row" if updates * t.ppo_epochs > 1 else "none (.detach() of the update's)"),
         ("train.micro_batches", t.micro_batches, "gradient_accumulation_steps", 1),
         ("train.steps", t.steps, "max_steps (optimizer steps)", kwargs["max_steps"]),
         ("loss.variant / loss_agg_mode", f"{loss.variant} / {loss.loss_agg_mode}",

@@ -98,8 +98,9 @@ class TrainConfig:
     old_logp_source: str = "trainer"  # π_old: "trainer" (generating version's params) | "engine"
     dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, draw more prompts
     max_sampling_rounds: int = 10  # dynamic sampling: rounds per step at most (verl's default)
-    # Skip the log-prob pass when it would only recompute the current policy: π_old =
-    # stop_gradient(π) in the update instead (RunConfig.skips_logprob_pass says when it applies).
+    # Skip the log-prob pass where it would only recompute the current policy (the step's first
+    # mini-batch; the whole batch with one update a step): π_old = stop_gradient(π) in that
+    # update instead (RunConfig.first_update_on_policy says when it applies).
     skip_on_policy_logprob_pass: bool = False
 
     def __post_init__(self):
@@ -239,23 +240,32 @@ class RunConfig:
         return self.data.max_prompt_tokens + self.rollout.max_new_tokens
 
     @property
-    def skips_logprob_pass(self) -> bool:
-        """train.skip_on_policy_logprob_pass, where the pass would give nothing but π itself:
-        synchronous (staleness 0, π_old from the trainer), one update per step (one epoch, one
-        mini-batch, no extra dynamic-sampling rounds), no KL reference, and no consumer of the
-        pass's per-token entropy (E3's temperature, DynaMO's entropy factor). The update's own
-        metrics still report the entropy; the pass's engine-vs-trainer diff is not logged."""
+    def first_update_on_policy(self) -> bool:
+        """train.skip_on_policy_logprob_pass, where the step's first mini-batch needs no log-prob
+        pass because it would give nothing but π itself: synchronous (staleness 0, π_old from the
+        trainer), one epoch (each sequence trained once, so the first update's sequences are
+        never needed again after it), no extra dynamic-sampling rounds, no KL reference, and no
+        consumer of the pass's per-token entropy (E3's temperature, DynaMO's entropy factor).
+        That update takes π_old = stop_gradient(π) of its own forward; the later mini-batches
+        of the step still get π_old from the pass (the parameters have moved by then). The
+        update's own metrics still report the entropy; the engine-vs-trainer diff is logged over
+        the sequences the pass scored."""
         t = self.train
         return (
             t.skip_on_policy_logprob_pass
             and t.max_staleness == 0
             and t.old_logp_source == "trainer"
-            and self.updates_per_step == 1
+            and t.ppo_epochs == 1
             and not t.dynamic_sampling
             and self.loss.kl == "none"
             and self.temperature.mode != "e3"
             and not self.allocation.entropy_factor
         )
+
+    @property
+    def skips_logprob_pass(self) -> bool:
+        """No log-prob pass at all: `first_update_on_policy` with one update a step."""
+        return self.first_update_on_policy and self.updates_per_step == 1
 
     @property
     def updates_per_step(self) -> int:

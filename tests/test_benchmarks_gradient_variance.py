@@ -123,6 +123,7 @@ def test_capture_gradient_holds_the_steps_gradient_and_leaves_params_unchanged()
             "advantages": r.normal(size=rows).astype(np.float32),
             "old_logp": np.full((rows, length), -3.4, np.float32),
             "temperature": np.float32(1.0),
+            "on_policy": np.float32(0.0),
         }
 
     def step_with(optimizer):

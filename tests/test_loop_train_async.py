@@ -64,9 +64,9 @@ def _capture_updates(monkeypatch):
     batches = {}
     real_update = rl_step.update
 
-    def update(cfg, step, batch, *args):
+    def update(cfg, step, batch, *args, **kwargs):
         batches[step] = batch
-        return real_update(cfg, step, batch, *args)
+        return real_update(cfg, step, batch, *args, **kwargs)
 
     monkeypatch.setattr(rl_step, "update", update)
     return batches

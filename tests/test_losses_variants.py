@@ -141,6 +141,7 @@ def test_toy_variant_runs_through_the_real_jitted_step(toy_variant):
         loss_mask=((position >= 3) & (seq_of_slot >= 0)).astype(np.float32),
         sequence_index=np.maximum(seq_of_slot, 0).astype(np.int32),
         temperature=np.float32(1.0),
+        on_policy=np.float32(0.0),
     )
     rewards = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
     loss_cfg = LossConfig.preset(TOY)

@@ -155,6 +155,7 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int, agg: 
             advantages=rng.normal(size=MH_BATCH).astype(np.float32),
             old_logp=np.full((MH_BATCH, MH_LEN), -6.2, np.float32),
             temperature=np.float32(1.0),
+            on_policy=np.float32(0.0),
             # prompt-mean's 1/n_i: prompt groups of sizes 3, 1, 4, one split over the processes
             seq_weight=np.repeat(
                 np.array([1 / 3] * 3 + [1.0] + [1 / 4] * 4, np.float32)[:, None], MH_LEN, axis=1
@@ -162,7 +163,7 @@ def _worker(out_path: str, num_processes: int, process_id: int, port: int, agg: 
         )
         full = {k: v for k, v in full.items() if k in batch_sh}
         rows = local_batch_rows(batch_sh["tokens"], MH_BATCH)
-        local = {k: (v if k == "temperature" else v[rows]) for k, v in full.items()}
+        local = {k: (v if np.ndim(v) == 0 else v[rows]) for k, v in full.items()}
         batch = make_global_batch(local, batch_sh, MH_BATCH)
         np.testing.assert_array_equal(local_rows_of(batch["tokens"]), local["tokens"])
         state, metrics = step(state, batch)

@@ -46,9 +46,9 @@ def test_report_counts_are_exact(tiny_report):
     assert per["params"] == 4 * ((cfg.num_params - qk_norm) // 8 + qk_norm)
     # AdamW: mu and nu like the params, plus one int32 step counter.
     assert per["opt_state"] == 2 * per["params"] + 4
-    # tokens/positions/segment_ids int32 and four float32 [8, 32] fields, 1 row per device,
-    # plus the replicated temperature.
-    assert per["batch"] == 6 * 32 * 4 + 4
+    # tokens/positions/segment_ids int32 and three float32 [8, 32] fields, 1 row per device,
+    # plus the replicated 0-d temperature and on_policy flag.
+    assert per["batch"] == 6 * 32 * 4 + 2 * 4
     xla = tiny_report["xla_memory_analysis"]
     assert xla["argument"] == per["params"] + per["opt_state"] + per["batch"] + 4  # + step
     assert per["peak"] == xla["argument"] + xla["output"] - xla["alias"] + xla["temp"]

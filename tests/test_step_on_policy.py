@@ -2,9 +2,12 @@
 
 The reference is the loop's path with the pass: log π_old from `behaviour_pass.old_logprobs` (the
 trainer's own forward over the batch in the log-prob layout), then the update. The on-policy
-step ignores the batch's `old_logp` (garbage here) and must give the same gradient, loss and
-metrics, for the plain clipped surrogate and for DynaMO's modulated loss, in one micro-batch
-and with gradient accumulation over packed rows.
+step (the batch's `on_policy` flag) ignores the batch's `old_logp` (garbage here) and must give
+the same gradient, loss and metrics, for the plain clipped surrogate and for DynaMO's modulated
+loss, in one micro-batch and with gradient accumulation over packed rows. With several updates a
+step, only the first mini-batch is left out of the pass (`RunConfig.first_update_on_policy`):
+the pass over the other rows equals the whole pass on them, and a run with the skip trains like
+one without it.
 """
 
 import dataclasses
@@ -48,9 +51,10 @@ def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):
         DEFAULT_RULES,
         batch_size=layout.max_rows,
         micro_batches=layout.max_micro_batches,
-        on_policy=on_policy,
     )
     rows, _ = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    assert rows["on_policy"] == 0.0  # layout_rows' default: the update reads old_logp
+    rows["on_policy"] = np.float32(on_policy)
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     return {k: float(v) for k, v in metrics.items()}, new_state.opt_state
@@ -102,27 +106,101 @@ def _run_config(**train):
 
 
 @pytest.mark.parametrize(
-    "changes, skips",
+    "changes, skips, first",
     [
-        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128), True),
-        (dict(skip_on_policy_logprob_pass=False, mini_batch_size=128), False),
-        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64), False),  # 2 updates
-        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, ppo_epochs=2), False),
-        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, max_staleness=1), False),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128), True, True),
+        (dict(skip_on_policy_logprob_pass=False, mini_batch_size=128), False, False),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64), False, True),  # 2 updates
+        (dict(skip_on_policy_logprob_pass=False, mini_batch_size=64), False, False),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, ppo_epochs=2), False, False),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64, ppo_epochs=2), False, False),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, max_staleness=1), False, False),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64, max_staleness=1), False, False),
     ],
 )
-def test_when_the_pass_is_skipped(changes, skips):
-    assert from_config_dict(_run_config(**changes)).skips_logprob_pass is skips
+def test_when_the_pass_is_skipped(changes, skips, first):
+    """No pass with one update a step; with several (one epoch), none for the first one's rows."""
+    cfg = from_config_dict(_run_config(**changes))
+    assert (cfg.skips_logprob_pass, cfg.first_update_on_policy) == (skips, first)
 
 
 def test_not_skipped_when_its_entropy_or_reference_is_used():
     from configs import tiny
 
-    for method in ("e3", "dynamo_entropy"):
-        c = tiny.get_config(f"method={method}")
-        c.train.skip_on_policy_logprob_pass, c.train.mini_batch_size = True, 128
-        assert not from_config_dict(c).skips_logprob_pass, method
-    c = _run_config(skip_on_policy_logprob_pass=True, mini_batch_size=128)
-    c.loss.kl = "k3"
-    c.loss.kl_coef = 0.01
-    assert not from_config_dict(c).skips_logprob_pass
+    for size in (128, 64):
+        for method in ("e3", "dynamo_entropy"):
+            c = tiny.get_config(f"method={method}")
+            c.train.skip_on_policy_logprob_pass, c.train.mini_batch_size = True, size
+            assert not from_config_dict(c).first_update_on_policy, method
+        c = _run_config(skip_on_policy_logprob_pass=True, mini_batch_size=size)
+        c.loss.kl = "k3"
+        c.loss.kl_coef = 0.01
+        assert not from_config_dict(c).first_update_on_policy
+
+
+def test_the_pass_over_some_rows_is_the_whole_pass_on_them(tiny3):
+    """`old_logprobs(seqs=...)`: the rows it scores hold what the pass over every row gives them
+    (other rows share their packed rows there), the rows it leaves out hold NaN."""
+    cfg, params = tiny3
+    rollouts, _, _ = make_rollouts(cfg, params)
+    logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
+    whole = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {})
+    seqs = np.array([0, 3, 4, 5, 9, 10, 14])  # 5: the empty row
+    part = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {}, seqs)
+    left_out = np.setdiff1d(np.arange(N_SEQ), seqs)
+    trained = rollouts.loss_mask[seqs] > 0
+    assert trained.sum() > 20
+    for name in ("old_logp", "entropy"):
+        got, want = getattr(part, name), getattr(whole, name)
+        np.testing.assert_allclose(got[seqs][trained], want[seqs][trained], atol=2e-6, rtol=1e-6)
+        assert np.isnan(got[left_out]).all(), name
+    assert part.ref_logp is None
+
+
+def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, monkeypatch):
+    """The tiny GRPO config, 2 updates a step, 2 steps, with and without the skip: the pass
+    scores exactly the rows of the updates after the first (the rows `mini_batch_order` gives
+    them) and the two runs' losses, gradient norms and final parameters agree."""
+    from dynamo_jax.loop import rl_step as rl_step_module
+    from dynamo_jax.loop import train
+    from dynamo_jax.reporting.metrics import read_metrics
+
+    scored_rows = []
+    whole_pass = behaviour_pass.old_logprobs
+
+    def spy(batch, logprob, params, ref_params, timings, seqs=None):
+        scored_rows.append(None if seqs is None else np.asarray(seqs))
+        return whole_pass(batch, logprob, params, ref_params, timings, seqs)
+
+    monkeypatch.setattr(behaviour_pass, "old_logprobs", spy)
+    runs = {}
+    for skip in (False, True):
+        config = _run_config(skip_on_policy_logprob_pass=skip, mini_batch_size=64, steps=2)
+        config.logging.progress_bar = config.logging.tensorboard = False
+        config.checkpoint.every_steps = 2
+        config.eval.every_steps = 0
+        cfg = from_config_dict(config)
+        assert cfg.updates_per_step == 2 and cfg.first_update_on_policy is skip
+        workdir = tmp_path / str(skip)
+        scored_rows.clear()
+        summary = train.run(cfg, workdir)
+        assert summary.exit_code == 0
+        runs[skip] = (read_metrics(workdir), list(scored_rows), _final_params(workdir, config))
+    assert runs[False][1] == [None, None]  # every row, every step
+    for step, seqs in enumerate(runs[True][1], start=1):
+        order = rl_step_module.mini_batch_order(from_config_dict(config), step, cfg.budget)
+        np.testing.assert_array_equal(seqs, np.sort(order[1]))  # the second update's rows
+    with_pass, without = runs[False][0], runs[True][0]
+    for a, b in zip(with_pass, without):
+        for key in ("loss/loss", "loss/grad_norm", "loss/entropy_mean", "reward/mean"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-3, err_msg=key)
+    lr = config.optim.learning_rate
+    for a, b in zip(_leaves(runs[False][2]), _leaves(runs[True][2])):
+        assert np.abs(a - b).max() <= 2 * lr
+        assert np.mean(np.abs(a - b) > 0.1 * lr) < 1e-3
+
+
+def _final_params(workdir, config):
+    from helpers.train_runs import _final_state
+
+    return _final_state(workdir, config)[1]

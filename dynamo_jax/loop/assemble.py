@@ -179,6 +179,8 @@ _DERIVED_FIELDS = {
         np.arange(len(seqs), dtype=np.int32)
     ),
     "temperature": lambda plan, batch, seqs: np.float32(batch.temperature),
+    # 0: the update reads `old_logp`; rl_step.update sets 1 for the on-policy first update.
+    "on_policy": lambda plan, batch, seqs: np.float32(0.0),
 }
 
 
@@ -187,10 +189,10 @@ def layout_rows(
 ) -> tuple[dict[str, np.ndarray], RowPlan]:
     """The sequences `seqs` (rows of `batch`, in mini-batch order) as `layout`'s rows.
 
-    Returns the named fields ([R, L] per token, `temperature` a 0-d float32) and the plan, whose
-    `rows` is R. Positions restart at 0 for every sequence; `advantages` puts each sequence's
-    advantage on its tokens; `sequence_index` is the sequence's index in `seqs`. Packed, the
-    sequences with no trained token are left out: nothing reads them.
+    Returns the named fields ([R, L] per token, `temperature` and `on_policy` 0-d float32) and
+    the plan, whose `rows` is R. Positions restart at 0 for every sequence; `advantages` puts
+    each sequence's advantage on its tokens; `sequence_index` is the sequence's index in `seqs`.
+    Packed, the sequences with no trained token are left out: nothing reads them.
     """
     seqs = np.asarray(seqs, np.int64)
     lengths = batch.attention_mask[seqs].sum(axis=1)

@@ -46,17 +46,33 @@ def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]
 
 
 def old_logprobs(
-    batch: RolloutBatch, logprob: LogprobFn, params: Any, ref_params: Any, timings: dict
+    batch: RolloutBatch,
+    logprob: LogprobFn,
+    params: Any,
+    ref_params: Any,
+    timings: dict,
+    seqs: np.ndarray | None = None,
 ) -> RolloutBatch:
     """The batch with π_old's (and π_ref's) log-probs and π_old's entropy at its temperature,
-    from the trainer's own forward over the batch's sequences in `logprob.layout`'s rows."""
+    from the trainer's own forward over the batch's sequences in `logprob.layout`'s rows.
+
+    `seqs`: the rows to score (default all of them); the others' values are NaN, so that a
+    reader that should not have read them (the on-policy first update) shows it."""
     with _timed(timings, "old_logprobs"):
-        seqs = np.arange(batch.rows)
-        rows, plan = assemble.layout_rows(batch, seqs, logprob.layout, logprob.batch_shardings)
+        scored = np.arange(batch.rows) if seqs is None else np.asarray(seqs, np.int64)
+        rows, plan = assemble.layout_rows(batch, scored, logprob.layout, logprob.batch_shardings)
         # Each process feeds its own rows; outputs come back whole to every process.
         model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
         width = batch.tokens.shape[1]
-        back = lambda x: plan.gather(multihost.host_copy(x), width, 0.0)
+
+        def back(x):
+            values = plan.gather(multihost.host_copy(x), width, 0.0)
+            if seqs is None:
+                return values
+            out = np.full((batch.rows, width), np.nan, values.dtype)
+            out[scored] = values
+            return out
+
         logp, ent = logprob(params, model_in)
         ref_logp = None
         if ref_params is not None:
@@ -84,15 +100,23 @@ def behaviour_logprobs(
     params: Any,
     ref_params: Any,
     timings: dict,
+    seqs: np.ndarray | None = None,
 ) -> tuple[RolloutBatch, dict]:
     """The batch with π_old = the behaviour policy that sampled it (rollout/pipeline.py), the
     current policy's entropy (and π_ref), and the log-prob metrics.
 
     The trainer's forward with its current parameters (version step − 1) always runs: it is
     π_old when the batch is on-policy, and the entropy and the reported staleness otherwise.
+    `seqs`: score only these rows (the others NaN: RunConfig.first_update_on_policy), which
+    only an on-policy batch allows.
     """
-    batch = old_logprobs(batch, logprob, params, ref_params, timings)
+    if seqs is not None and pipeline.report_behaviour:
+        raise ValueError("only an on-policy batch can leave rows out of the log-prob pass")
+    batch = old_logprobs(batch, logprob, params, ref_params, timings, seqs)
     mask = batch.loss_mask
+    if seqs is not None:
+        mask = np.zeros_like(mask)
+        mask[seqs] = batch.loss_mask[seqs]
     # Current trainer vs engine on the sampled tokens: ~0 when on-policy in float32; grows with
     # staleness (the engine sampled with older weights) and with the engine's numerics.
     metrics = {

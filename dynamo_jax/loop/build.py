@@ -117,7 +117,6 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         batch_size=train_layout.max_rows,
         micro_batches=train_layout.max_micro_batches,
         seed=cfg.train.seed,
-        on_policy=cfg.skips_logprob_pass,
     )
     if cfg.init.checkpoint:
         from dynamo_jax.models.hf_io import load_hf_checkpoint

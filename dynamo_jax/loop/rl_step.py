@@ -9,6 +9,8 @@
    (assemble.py `build_batch`);
 5. the trainer computes log-probs (and entropy) at τ with its own forward: π_old when the batch
    is on-policy, else π_old is the behaviour policy (behaviour_pass.py `behaviour_logprobs`);
+   with train.skip_on_policy_logprob_pass, not for the first update's sequences, whose update
+   starts from the sampling parameters (RunConfig.first_update_on_policy);
 6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches (`update`);
    (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
    train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
@@ -70,21 +72,41 @@ def rl_step(tr: Trainer, step: int) -> dict:
             resampled.verdict_shares,
         )
     batch = build_batch(cfg, tr.task, rollouts.completions, rollouts.temperature, rewards)
-    if cfg.skips_logprob_pass:
-        # π_old = π: the update takes stop_gradient of its own forward (make_train_step's
-        # on_policy); the placeholder is never read, the per-token entropy is unknown (NaN).
+    scored = None  # the rows the log-prob pass scores: all of them
+    if cfg.first_update_on_policy:
+        # The first update's sequences: π_old = π, the update takes stop_gradient of its own
+        # forward (the batch's on_policy flag), so the pass leaves them out (NaN placeholders,
+        # never read; their per-token entropy is unknown).
+        first = mini_batch_order(cfg, step, batch.rows)[0]
+        scored = np.setdiff1d(np.arange(batch.rows), first)
+    if scored is not None and not len(scored):  # one update a step: no pass at all
         batch = dataclasses.replace(
             batch,
-            old_logp=np.zeros_like(batch.loss_mask),
+            old_logp=np.full_like(batch.loss_mask, np.nan),
             entropy=np.full_like(batch.loss_mask, np.nan),
         )
         logp_metrics = {}
     else:
         batch, logp_metrics = behaviour_logprobs(
-            tr.pipeline, step, batch, taken, tr.logprob, tr.state.params, tr.ref_params, timings
+            tr.pipeline,
+            step,
+            batch,
+            taken,
+            tr.logprob,
+            tr.state.params,
+            tr.ref_params,
+            timings,
+            scored,
         )
     tr.state, result = update(
-        cfg, step, batch, tr.train_step, tr.state, timings, tr.consecutive_nonfinite
+        cfg,
+        step,
+        batch,
+        tr.train_step,
+        tr.state,
+        timings,
+        tr.consecutive_nonfinite,
+        on_policy_updates=int(cfg.first_update_on_policy),
     )
     for skipped in result.skipped:
         tr.consecutive_nonfinite = tr.consecutive_nonfinite + 1 if skipped else 0
@@ -119,6 +141,19 @@ def rl_step(tr: Trainer, step: int) -> dict:
     return metrics
 
 
+def mini_batch_order(cfg: RunConfig, step: int, rows: int) -> list[np.ndarray]:
+    """The batch rows each of the step's updates trains on, in order: `ppo_epochs` passes over
+    the rows, each a permutation seeded by (train.seed, step) (or in order, without
+    train.shuffle_mini_batches), cut into mini_batch_size pieces."""
+    size = cfg.train.mini_batch_size
+    rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
+    order = []
+    for _ in range(cfg.train.ppo_epochs):
+        perm = rng.permutation(rows) if cfg.train.shuffle_mini_batches else np.arange(rows)
+        order += [perm[start : start + size] for start in range(0, rows, size)]
+    return order
+
+
 def update(
     cfg: RunConfig,
     step: int,
@@ -127,10 +162,13 @@ def update(
     state: TrainState,
     timings: dict,
     consecutive_nonfinite: int = 0,
+    on_policy_updates: int = 0,
 ) -> tuple[TrainState, UpdateResult]:
-    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches, each laid into
-    rows (packed or not) by the update's row layout; per update, the metrics also report the
-    share of the fed token slots that held no token and the micro-batch count.
+    """`ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches
+    (`mini_batch_order`), each laid into rows (packed or not) by the update's row layout; per
+    update, the metrics also report the share of the fed token slots that held no token and the
+    micro-batch count. The first `on_policy_updates` updates take π_old = stop_gradient(π) of
+    their own forward (the batch's `on_policy` flag), not `batch.old_logp`.
 
     `consecutive_nonfinite`: skipped updates in a row before this step. When the step's updates
     could reach `train.max_consecutive_nonfinite`, each update's skip flag is read as it comes
@@ -138,37 +176,28 @@ def update(
     stops after exactly that many; otherwise the flags are read once, after the step."""
     layout, _ = row_layouts(cfg, row_shards(train_step.batch_shardings["tokens"]))
     fields = tuple(train_step.batch_shardings)
-    size = cfg.train.mini_batch_size
-    rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
+    order = mini_batch_order(cfg, step, batch.rows)
     per_update, layout_stats = [], []
     limit = cfg.train.max_consecutive_nonfinite
-    in_step = cfg.train.ppo_epochs * -(-batch.rows // size)
-    watch = consecutive_nonfinite + in_step >= limit
+    watch = consecutive_nonfinite + len(order) >= limit
     run = consecutive_nonfinite
     with _timed(timings, "update"):
-        for _ in range(cfg.train.ppo_epochs):
-            perm = (
-                rng.permutation(batch.rows)
-                if cfg.train.shuffle_mini_batches
-                else np.arange(batch.rows)
+        for i, seqs in enumerate(order):
+            rows, plan = assemble.layout_rows(batch, seqs, layout, fields)
+            rows["on_policy"] = np.float32(i < on_policy_updates)
+            mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
+            state, metrics = train_step.fn(state, mb)
+            per_update.append(metrics)
+            layout_stats.append(
+                {
+                    "pack/padding_share": plan.padding_share,
+                    "pack/micro_batches": plan.micro_batches,
+                }
             )
-            for start in range(0, batch.rows, size):
-                rows, plan = assemble.layout_rows(batch, perm[start : start + size], layout, fields)
-                mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
-                state, metrics = train_step.fn(state, mb)
-                per_update.append(metrics)
-                layout_stats.append(
-                    {
-                        "pack/padding_share": plan.padding_share,
-                        "pack/micro_batches": plan.micro_batches,
-                    }
-                )
-                if watch:
-                    run = run + 1 if bool(jax.device_get(metrics[SKIP_KEY])) else 0
-                    if run >= limit:
-                        break
-            if watch and run >= limit:
-                break
+            if watch:
+                run = run + 1 if bool(jax.device_get(metrics[SKIP_KEY])) else 0
+                if run >= limit:
+                    break
         fetched = jax.device_get(per_update)  # one host sync per step, not per update
     skipped = [bool(m.pop(SKIP_KEY)) for m in fetched]
     for m, extra in zip(fetched, layout_stats):

@@ -97,11 +97,13 @@ def abstract_batch(
     batch_shardings: dict[str, Any], batch_size: int, seq_len: int
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """ShapeDtypeStructs for a train batch (forward.py's convention) with its shardings."""
+    from dynamo_jax.step.forward import SCALAR_FIELDS
+
     ints = ("tokens", "positions", "segment_ids", "sequence_index")
     dtypes = dict.fromkeys(ints, jnp.int32)
     out = {}
     for field, sharding in batch_shardings.items():
-        shape = () if field == "temperature" else (batch_size, seq_len)
+        shape = () if field in SCALAR_FIELDS else (batch_size, seq_len)
         out[field] = jax.ShapeDtypeStruct(shape, dtypes.get(field, jnp.float32), sharding=sharding)
     return out
 

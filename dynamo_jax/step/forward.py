@@ -22,6 +22,10 @@ causality by slot and segment and takes explicit positions:
                                   that draw per-token noise: it keys the noise, step/train_step.py)
     temperature     f32   []      the sampling temperature of this batch (a traced scalar: changing
                                   it every step never recompiles)
+    on_policy       f32   []      train step only: 1 when the mini-batch was sampled by the very
+                                  parameters this update starts from, so π_old = stop_gradient(π)
+                                  of the update's own forward and `old_logp` is not read (the
+                                  log-prob pass skipped it); 0 reads `old_logp`
 
 So logp[b, t] = log softmax(logits[b, t - 1] / T)[tokens[b, t]]: position t − 1 of the same row,
 which is the same sequence wherever token t is trained (a sequence's first token is a prompt
@@ -67,8 +71,15 @@ from dynamo_jax.sharding.rules import (
 
 Array = jax.Array
 # Fields present in every batch; `ref_logp` is added when the loss has a KL term.
+SCALAR_FIELDS = ("temperature", "on_policy")  # 0-d, the same on every device (replicated)
 MODEL_INPUT_FIELDS = ("tokens", "positions", "segment_ids")
-TRAIN_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "advantages", "old_logp", "temperature")
+TRAIN_FIELDS = MODEL_INPUT_FIELDS + (
+    "loss_mask",
+    "advantages",
+    "old_logp",
+    "temperature",
+    "on_policy",
+)
 LOGPROB_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "temperature")  # make_logprob_fn's batch
 
 
@@ -97,12 +108,12 @@ def model_param_shardings(model_cfg: ModelConfig, mesh: Mesh, rules: LogicalRule
 def batch_shardings(
     mesh: Mesh, rules: LogicalRules, batch_size: int, fields: tuple[str, ...]
 ) -> dict[str, NamedSharding]:
-    """Shardings for a batch dict: rows over the `act_batch` axes, `temperature` replicated.
+    """Shardings for a batch dict: rows over the `act_batch` axes, the scalars replicated.
 
     The spec names only dimension 0, so it fits both [B] and [B, L] arrays.
     """
     row = batch_sharding(mesh, rules, batch_size, ndim=1)
-    return {f: (replicated(mesh) if f == "temperature" else row) for f in fields}
+    return {f: (replicated(mesh) if f in SCALAR_FIELDS else row) for f in fields}
 
 
 def _shift_right(x_BxL: Array) -> Array:

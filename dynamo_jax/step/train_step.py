@@ -64,6 +64,7 @@ from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.sharding.rules import LogicalRules, batch_sharding, replicated, rule_axes
 from dynamo_jax.step.forward import (
+    SCALAR_FIELDS,
     TRAIN_FIELDS,
     activation_rules,
     batch_shardings,
@@ -116,14 +117,17 @@ def token_noise(key: Array, sequence_index_BxL: Array, position_BxL: Array) -> A
 
 
 def _token_batch(
-    rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | None, on_policy: bool = False
+    rows: Mapping[str, Array], logp: Array, ent: Array, k: Array | None, on_policy: Array
 ) -> TokenBatch:
     adv = rows["advantages"]
     if adv.ndim == 1:  # one advantage per sequence: broadcast over its tokens
         adv = jnp.broadcast_to(adv[:, None], logp.shape)
-    # On-policy with one update per batch, π_old IS the current π: stop_gradient(log π) gives
-    # the ratio 1 and the same gradient as log-probs from a separate pass, without that pass.
-    old_logp = lax.stop_gradient(logp) if on_policy else rows["old_logp"]
+    # When this update starts from the very parameters that sampled the mini-batch, π_old IS
+    # the current π: stop_gradient(log π) gives the ratio 1 and the same gradient as log-probs
+    # from a separate pass, without that pass (whose placeholder `old_logp` is not read). A
+    # traced flag, not a static one: one compiled step serves the on-policy first update and
+    # the later ones of a step.
+    old_logp = jnp.where(on_policy > 0, lax.stop_gradient(logp), rows["old_logp"])
     return TokenBatch(
         logp=logp,
         old_logp=old_logp,
@@ -156,17 +160,17 @@ def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> Tr
     )
 
 
-def _make_compute_grads(
-    forward, loss_cfg: LossConfig, micro_rows: int, row_sh, params_sh, on_policy: bool = False
-):
-    """`compute(params, rows, temperature) -> (loss, metrics, grads)` for the whole mini-batch.
+def _make_compute_grads(forward, loss_cfg: LossConfig, micro_rows: int, row_sh, params_sh):
+    """`compute(params, rows, temperature, on_policy) -> (loss, metrics, grads)` for the whole
+    mini-batch.
 
     `forward(params, batch) -> (logp, ent, k)` is `token_stats` bound to the model and mesh.
-    `on_policy`: π_old = stop_gradient(π) (`_token_batch`); rows["old_logp"] is not read.
+    `on_policy` (0-d): when > 0, π_old = stop_gradient(π) (`_token_batch`) and
+    rows["old_logp"] is not read.
     """
     loss_fn = build_loss_fn(loss_cfg)
 
-    def objective(params, rows, temperature, stats):
+    def objective(params, rows, temperature, on_policy, stats):
         logp, ent, k = forward(params, {**rows, "temperature": temperature})
         tokens = _token_batch(rows, logp, ent, k, on_policy)
         if stats is None:  # single micro-batch: the mini-batch statistics of this very forward
@@ -175,11 +179,11 @@ def _make_compute_grads(
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
 
-    def single(params, rows, temperature):
-        (loss, metrics), grads = grad_fn(params, rows, temperature, None)
+    def single(params, rows, temperature, on_policy):
+        (loss, metrics), grads = grad_fn(params, rows, temperature, on_policy, None)
         return loss, metrics, grads
 
-    def accumulated(params, rows, temperature, m):
+    def accumulated(params, rows, temperature, on_policy, m):
         micro = split_micro(rows, m, row_sh)
         run = lambda mb: forward(params, {**mb, "temperature": temperature})
         first = jax.tree.map(lambda x: x[0], micro)
@@ -194,13 +198,15 @@ def _make_compute_grads(
         stats = minibatch_stats(
             _token_batch(rows, unsplit_micro(logp), unsplit_micro(ent), k, on_policy), loss_cfg
         )
-        aux_shape = jax.eval_shape(lambda mb: grad_fn(params, mb, temperature, stats)[0], first)
+        aux_shape = jax.eval_shape(
+            lambda mb: grad_fn(params, mb, temperature, on_policy, stats)[0], first
+        )
         no_aux = jax.tree.map(jnp.zeros_like, aux_shape)
 
         # Pass 2: float32 gradient sums; each micro-batch loss is already over the whole batch.
         def accumulate(acc, mb):
             def real(acc, mb):
-                aux, g = grad_fn(params, mb, temperature, stats)
+                aux, g = grad_fn(params, mb, temperature, on_policy, stats)
                 return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g), aux
 
             return lax.cond(has_tokens(mb), real, lambda acc, mb: (acc, no_aux), acc, mb)
@@ -213,11 +219,11 @@ def _make_compute_grads(
         per_micro = [jax.tree.map(lambda x, i=i: x[i], metrics) for i in range(m)]
         return jnp.sum(losses), functools.reduce(combine_metrics, per_micro), grads
 
-    def compute(params, rows, temperature):
+    def compute(params, rows, temperature, on_policy):
         m = micro_batch_count(rows["tokens"].shape[0], micro_rows)
         if m == 1:
-            return single(params, rows, temperature)
-        return accumulated(params, rows, temperature, m)
+            return single(params, rows, temperature, on_policy)
+        return accumulated(params, rows, temperature, on_policy, m)
 
     return compute
 
@@ -233,7 +239,6 @@ def make_train_step(
     micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
     seed: int = 0,
-    on_policy: bool = False,
 ) -> TrainStep:
     """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
 
@@ -246,9 +251,9 @@ def make_train_step(
     mean/min/max, tokens, ...) plus `grad_norm` (before clipping) and `update_skipped`.
     `loss_cfg.logits_residual` picks what the log-prob backward keeps (losses/logprobs.py):
     the default recomputes logits; "store_bf16"/"store_fp32" keep V·2 / V·4 bytes per token.
-    `on_policy`: the batch was sampled by these very parameters and this is its only update, so
-    π_old = stop_gradient(π) of this step's own forward and the batch's `old_logp` is ignored
-    (the caller skips the log-prob pass that would have computed it; same gradient, tested).
+    The batch's `on_policy` flag (forward.py) says the mini-batch was sampled by the very
+    parameters this update starts from: π_old = stop_gradient(π) of the update's own forward and
+    its `old_logp` is ignored (the caller skipped the log-prob pass for it; same gradient, tested).
     """
     if micro_batches < 1 or batch_size % micro_batches:
         raise ValueError(
@@ -269,20 +274,20 @@ def make_train_step(
         logits_residual=loss_cfg.logits_residual,
     )
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
-    compute_grads = _make_compute_grads(
-        forward, loss_cfg, micro_rows, row_sh, state_sh.params, on_policy
-    )
+    compute_grads = _make_compute_grads(forward, loss_cfg, micro_rows, row_sh, state_sh.params)
 
     variant = registry.get(loss_cfg.variant)
     noise_key = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
 
     def step(state: TrainState, batch: dict[str, Array]):
-        rows = {k: v for k, v in batch.items() if k != "temperature"}
+        rows = {k: v for k, v in batch.items() if k not in SCALAR_FIELDS}
         if variant.needs_noise:  # one key per update; each token's draw is its own
             key = jax.random.fold_in(noise_key, state.step)
             noise = token_noise(key, rows.pop("sequence_index"), rows["positions"])
             rows["noise"] = lax.with_sharding_constraint(noise, batch_sh["tokens"])
-        loss, metrics, grads = compute_grads(state.params, rows, batch["temperature"])
+        loss, metrics, grads = compute_grads(
+            state.params, rows, batch["temperature"], batch["on_policy"]
+        )
         grads = lax.with_sharding_constraint(grads, state_sh.params)
         finite = _all_finite(loss, grads)
         metrics = finalize_metrics(metrics)

@@ -61,6 +61,7 @@ def make_batch(cfg, params, seed=0):
         old_logp=(logp + 0.15 * rng.normal(size=(B, L))).astype(np.float32),
         sequence_index=np.broadcast_to(np.arange(B, dtype=np.int32)[:, None], (B, L)).copy(),
         temperature=temperature,
+        on_policy=np.float32(0.0),  # the update reads old_logp
     )
 
 
