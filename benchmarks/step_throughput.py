@@ -40,10 +40,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def model_cfg(preset: str, layers: int | None):
+def model_cfg(preset: str, layers: int | None, attention: str = "matmul", remat: str = "none"):
     from dynamo_jax.models.presets import get_preset
 
-    overrides = {"scan_layers": True}
+    overrides = {"scan_layers": True, "attention_impl": attention, "remat_policy": remat}
     if layers:
         overrides["num_layers"] = layers
     return get_preset(preset, **overrides)
@@ -76,6 +76,7 @@ def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float):
         "advantages": rng.standard_normal(batch).astype(np.float32),
         "old_logp": np.full((batch, seq), -float(np.log(cfg.vocab_size)), np.float32),
         "temperature": np.float32(1.0),
+        "on_policy": np.float32(0.0),
     }
     return step, state, jax.device_put(data)
 
@@ -166,7 +167,7 @@ def train_flops_per_token(cfg, seq: int) -> float:
 
 def run_shape(preset: str, layers: int | None, batch: int, residuals: list[str], args) -> None:
     """Print one line per logits_residual mode for this shape, with the PyTorch ratio."""
-    cfg = model_cfg(preset, layers)
+    cfg = model_cfg(preset, layers, args.attention, args.remat)
     head = f"{preset} ({cfg.num_layers} layers, d={cfg.hidden_size}, V={cfg.vocab_size}, "
     head += f"{batch} x {args.seq}): "
     results = []
@@ -223,6 +224,13 @@ def main() -> None:
         default=4,
         help="batch of an extra qwen2.5-0.5b row at its full 24 layers (0 = skip)",
     )
+    parser.add_argument(
+        "--attention",
+        default="matmul",
+        help="ModelConfig.attention_impl; on a GPU at long sequences 'pallas' (the dense "
+        "[B, L, S] scores of 'matmul' need ~100 GB at Qwen2.5-0.5B, 8 x 2048)",
+    )
+    parser.add_argument("--remat", default="none", help="ModelConfig.remat_policy")
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--mfu", action="store_true", help="print model FLOPs utilisation")
     parser.add_argument("--peak_tflops", type=float, default=989.0, help="device peak (H100 bf16)")
