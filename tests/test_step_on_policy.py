@@ -114,7 +114,11 @@ def _run_config(**train):
         (dict(skip_on_policy_logprob_pass=False, mini_batch_size=64), False, False),
         (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, ppo_epochs=2), False, False),
         (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64, ppo_epochs=2), False, False),
-        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, max_staleness=1), False, False),
+        (
+            dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, max_staleness=1),
+            False,
+            False,
+        ),
         (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64, max_staleness=1), False, False),
     ],
 )
