@@ -38,9 +38,10 @@ def get_config(arg: str | None = None):
     steps = 20
     config = base.mlc.ConfigDict()
     config.name = f"smollm2_arith_{method}"
-    # Layers scanned: unrolled, the update ran 1.10x faster on CPU but compiled ~35 s longer
-    # (docs/scaling.md#layers-scanned-or-unrolled); not yet measured beside TRL unrolled.
-    config.model = base.model("smollm2-135m", max_position_embeddings=2048)
+    # Layers unrolled: on CPU the update runs ~1.1x faster and generation ~1.3x (beside TRL,
+    # benchmarks/README.md) for ~35 s more compiling and ~16 GB peak memory in the update
+    # (docs/scaling.md#layers-scanned-or-unrolled).
+    config.model = base.model("smollm2-135m", max_position_embeddings=2048, scan_layers=False)
     config.init = base.init(checkpoint=CHECKPOINT)  # the tokenizer comes with it
     config.data = base.data_math(
         paths=(str(DATA / "train.jsonl"),),
