@@ -269,6 +269,8 @@ def test_update_weights_swaps_the_reference_without_copying(model):
 def test_sharded_engine_on_a_mesh_matches_unsharded(model, engine):
     from dynamo_jax.sharding import rules as sharding_rules
 
+    if len(jax.devices()) < 8:  # the CPU tests simulate 8 (conftest); one GPU is one
+        pytest.skip(f"needs 8 devices for a (2, 2, 2) mesh, this backend has {len(jax.devices())}")
     cfg, params = model
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
     shardings = sharding_rules.param_shardings(
