@@ -81,13 +81,24 @@ class RMSNorm(nn.Module):
         return (scale.astype(jnp.float32) * x32).astype(self.dtype)
 
 
-def rope(x_BxLxHxE: Array, positions_BxL: Array, theta: float) -> Array:
-    """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim)."""
-    e = x_BxLxHxE.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+# RoPE's (cos, sin) at each token's position, each [B, L, 1, E/2] float32: computed once per
+# forward and shared by every layer's queries and keys. Computed inside each layer instead, XLA
+# fused the sin/cos into the per-head fusions of every layer, forward and backward (recomputing
+# them H + K times per layer): ~10% of the small-qwen3 update on XLA:CPU.
+RopeTable = tuple[Array, Array]
+
+
+def rope_table(positions_BxL: Array, head_dim: int, theta: float) -> RopeTable:
+    """(cos, sin) of RoPE's angles at `positions_BxL`, HF's inverse frequencies."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles_BxLxE2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
-    cos = jnp.cos(angles_BxLxE2)[:, :, None, :]
-    sin = jnp.sin(angles_BxLxE2)[:, :, None, :]
+    return jnp.cos(angles_BxLxE2)[:, :, None, :], jnp.sin(angles_BxLxE2)[:, :, None, :]
+
+
+def rope(x_BxLxHxE: Array, table: RopeTable) -> Array:
+    """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim)."""
+    cos, sin = table
+    e = x_BxLxHxE.shape[-1]
     x = x_BxLxHxE.astype(jnp.float32)
     x1, x2 = x[..., : e // 2], x[..., e // 2 :]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -258,7 +269,7 @@ class Attention(nn.Module):
     def __call__(
         self,
         x_BxLxD: Array,
-        positions_BxL: Array,
+        rope_cs: RopeTable,
         q_slot_L: Array,
         q_seg_BxL: Array,
         kv_seg_BxS: Array,
@@ -272,8 +283,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="k_norm")(k)
-        q = rope(q, positions_BxL, cfg.rope_theta)
-        k = rope(k, positions_BxL, cfg.rope_theta)
+        q = rope(q, rope_cs)
+        k = rope(k, rope_cs)
         q = nn.with_logical_constraint(q, ("act_batch", "act_len", "act_heads", None))
         if layer_kv is None:
             # The keys are the queries' own slots: causal in the fused kernels' sense.
@@ -289,7 +300,9 @@ class Attention(nn.Module):
             pdt,
             name="o_proj",
         )()
-        y = jnp.einsum("blhe,hed->bld", out, o_kernel.astype(dt))
+        b, length = out.shape[:2]
+        y = out.reshape(b * length, -1) @ o_kernel.reshape(-1, cfg.hidden_size).astype(dt)
+        y = y.reshape(b, length, cfg.hidden_size)
         return y, layer_kv
 
 
@@ -306,7 +319,12 @@ class _Proj(nn.Module):
         shape = (cfg.hidden_size, self.heads, cfg.head_dim)
         axes = ("embed", self.heads_axis, "head_dim")
         kernel = _param(self, "kernel", nn.initializers.normal(_INIT_STD), shape, axes, pdt)
-        y = jnp.einsum("bld,dhe->blhe", x_BxLxD, kernel.astype(dt))
+        # One [tokens, D] x [D, heads·E] product, as in `MLP`: with the einsum over [B, L, D]
+        # and the [D, heads, E] kernel, XLA:CPU transposed the query gradient into a [heads·E,
+        # tokens] copy for the kernel's gradient (~6 ms a layer at small-qwen3 on one core).
+        b, length, d = x_BxLxD.shape
+        y_NxHE = x_BxLxD.reshape(b * length, d) @ kernel.reshape(d, -1).astype(dt)
+        y = y_NxHE.reshape(b, length, self.heads, cfg.head_dim)
         if cfg.qkv_bias:
             bias = _param(self, "bias", nn.initializers.zeros, shape[1:], axes[1:], pdt)
             y = y + bias.astype(dt)
@@ -356,7 +374,7 @@ class DecoderLayer(nn.Module):
     def __call__(
         self,
         x_BxLxD: Array,
-        positions_BxL: Array,
+        rope_cs: RopeTable,
         q_slot_L: Array,
         q_seg_BxL: Array,
         kv_seg_BxS: Array,
@@ -367,7 +385,7 @@ class DecoderLayer(nn.Module):
         x = nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_len", "act_embed"))
         h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="input_norm")(x)
         h, layer_kv = Attention(cfg, name="attn")(
-            h, positions_BxL, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, layer_kv
+            h, rope_cs, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, layer_kv
         )
         x = x + h
         h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="post_attn_norm")(x)
@@ -432,12 +450,16 @@ class Transformer(nn.Module):
         q_slot_L = jnp.arange(tokens_BxL.shape[1])
         seg = segment_ids_BxL.astype(jnp.int32)
         masks = (q_slot_L, seg, seg)
+        rope_cs = self._rope_table(positions_BxL)
         if self.cfg.scan_layers:
-            x, _ = self.layers(x, positions_BxL, *masks, None, None)
+            x, _ = self.layers(x, rope_cs, *masks, None, None)
         else:
             for layer in self.layer_list:
-                x, _ = layer(x, positions_BxL, *masks, None, None)
+                x, _ = layer(x, rope_cs, *masks, None, None)
         return self.final_norm(x)
+
+    def _rope_table(self, positions_BxL: Array) -> RopeTable:
+        return rope_table(positions_BxL, self.cfg.head_dim, self.cfg.rope_theta)
 
     def _embed(self, tokens_BxL: Array) -> Array:
         x = self.embed(tokens_BxL.astype(jnp.int32))
@@ -485,6 +507,7 @@ class Transformer(nn.Module):
         q_seg_BxL = jax.lax.dynamic_slice_in_dim(kv_seg_BxS, cache_index, q_slot_L.shape[0], axis=1)
         masks = (q_slot_L, q_seg_BxL, kv_seg_BxS)
         x = self._embed(tokens_BxL)
+        rope_cs = self._rope_table(positions_BxL)
         new_k, new_v = [], []
         for i, layer_params in enumerate(self._per_layer_params()):
             # Unbound (parent=None): the layer's parameters are passed in, not owned here.
@@ -492,7 +515,7 @@ class Transformer(nn.Module):
             x, (k, v) = layer.apply(
                 {"params": layer_params},
                 x,
-                positions_BxL,
+                rope_cs,
                 *masks,
                 cache_index,
                 (kv[0][i], kv[1][i]),
