@@ -81,6 +81,10 @@ def shape_config(shape: str, seed: int, steps: int, task: str = "max"):
     # The project's own setting for on-policy work: the first update's rows get no log-prob
     # pass (π_old = stop_gradient(π) of that update's forward; RunConfig.first_update_on_policy).
     config.train.skip_on_policy_logprob_pass = True
+    # And its shared-prompt forward: each distinct prompt of a mini-batch runs once in the update
+    # and the log-prob pass (the same log-probs and gradients; rows unpacked, prompts aligned).
+    config.train.packing = False
+    config.train.share_prompts = True
     return config, force
 
 
@@ -191,6 +195,9 @@ def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, 
           else "every row"),
          "old_per_token_logps",
          "every row" if updates * t.ppo_epochs > 1 else "none (.detach() of the update's)"),
+        ("train.share_prompts (prompt forward)",
+         "once per distinct prompt" if t.share_prompts else "every row",
+         "(none: every row)", "every row"),
         ("train.micro_batches", t.micro_batches, "gradient_accumulation_steps", 1),
         ("train.steps", t.steps, "max_steps (optimizer steps)", kwargs["max_steps"]),
         ("loss.variant / loss_agg_mode", f"{loss.variant} / {loss.loss_agg_mode}",

@@ -49,9 +49,11 @@ def model_cfg(preset: str, layers: int | None, attention: str = "matmul", remat:
     return get_preset(preset, **overrides)
 
 
-def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float):
+def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float, shared=None):
     """(jitted step, train state, device batch) of the trainer's own step on one device, with
-    `batch x seq` random tokens: a quarter prompt (loss_mask 0), the rest response."""
+    `batch x seq` random tokens: a quarter prompt (loss_mask 0), the rest response. `shared` =
+    (P, G): G prompts of P tokens, each on batch / G consecutive rows, run once per update
+    (train.share_prompts)."""
     import jax
     import numpy as np
     import optax
@@ -63,13 +65,26 @@ def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float):
     mesh_cfg = MeshConfig(shape=(1, 1, 1))
     mesh = build_mesh(mesh_cfg, jax.devices()[:1])
     optimizer = optax.adamw(learning_rate)
-    step, _, _ = make_train_step(cfg, loss_cfg, optimizer, mesh, mesh_cfg.rules, batch_size=batch)
+    step, _, _ = make_train_step(
+        cfg, loss_cfg, optimizer, mesh, mesh_cfg.rules, batch_size=batch, shared_prompts=shared
+    )
     state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
     rng = np.random.default_rng(0)
     loss_mask = np.zeros((batch, seq), np.float32)
-    loss_mask[:, seq // 4 :] = 1.0
+    prompt = seq // 4 if shared is None else shared[0]
+    loss_mask[:, prompt:] = 1.0
+    tokens = rng.integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32)
+    extra = {}
+    if shared is not None:
+        rows_per_prompt = batch // shared[1]
+        source = np.arange(batch, dtype=np.int32) // rows_per_prompt
+        tokens[:, :prompt] = tokens[source * rows_per_prompt, :prompt]
+        table = np.zeros(batch, np.int32)
+        table[: shared[1]] = np.arange(shared[1]) * rows_per_prompt
+        extra = {"prompt_table": table, "prompt_source": source}
     data = {
-        "tokens": rng.integers(0, cfg.vocab_size, (batch, seq), dtype=np.int32),
+        **extra,
+        "tokens": tokens,
         "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq)).copy(),
         "segment_ids": np.ones((batch, seq), np.int32),  # one sequence per row
         "loss_mask": loss_mask,

@@ -2,6 +2,7 @@
 
     python benchmarks/update_profile.py                        # small-qwen3 (vocab 32), 64 x 48
     python benchmarks/update_profile.py --preset smollm2-135m --vocab 0 --seq 80 --iters 1
+    python benchmarks/update_profile.py --shared_prompts 16,16    # train.share_prompts
 
 Runs `step.train_step.make_train_step` (GRPO loss, AdamW; `step_throughput.one_device_step`)
 under `jax.profiler.trace` and sums the duration of every XLA:CPU op of the step by kind:
@@ -68,6 +69,11 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument(
+        "--shared_prompts",
+        default="",
+        help="P,G: G distinct prompts of P slots run once each (train.share_prompts); '' = off",
+    )
     args = parser.parse_args()
     if args.threads == 1:  # before JAX starts: XLA's own pool off, one thread
         os.environ["XLA_FLAGS"] = (
@@ -85,7 +91,9 @@ def main() -> None:
         **({"vocab_size": args.vocab} if args.vocab else {}),
     }
     cfg = get_preset(args.preset, **overrides)
-    step, state, data = one_device_step(cfg, LossConfig.preset("grpo"), args.batch, args.seq, 1e-5)
+    shared = tuple(int(x) for x in args.shared_prompts.split(",")) if args.shared_prompts else None
+    loss_cfg = LossConfig.preset("grpo")
+    step, state, data = one_device_step(cfg, loss_cfg, args.batch, args.seq, 1e-5, shared)
     state, metrics = step(state, data)  # compile
     jax.block_until_ready(metrics)
     with tempfile.TemporaryDirectory() as trace_dir:
@@ -100,6 +108,8 @@ def main() -> None:
     for name, ms in per_step_ms.items():
         kinds[kind_of(name)] += ms
     tokens = args.batch * args.seq
+    if shared:  # the tokens the model runs: G prompts, then every row's response slots
+        tokens = shared[1] * shared[0] + args.batch * (args.seq - shared[0])
     flops = 6 * cfg.num_params * tokens
     print(f"{args.preset} (vocab {cfg.vocab_size}), {'scanned' if args.scan_layers else 'unrolled'}"
           f" layers, {args.batch} x {args.seq} tokens, {args.threads} thread(s), "

@@ -102,6 +102,11 @@ class TrainConfig:
     # mini-batch; the whole batch with one update a step): π_old = stop_gradient(π) in that
     # update instead (RunConfig.first_update_on_policy says when it applies).
     skip_on_policy_logprob_pass: bool = False
+    # Run each distinct prompt of a micro-batch once in the update and the log-prob passes (a
+    # GRPO group's samples share it; models/qwen.py SharedPrompts): the same log-probs and
+    # gradients up to summation order, the prompts' compute divided by the group size. Rows then
+    # hold one sequence each, prompt right-aligned at data.max_prompt_tokens (packing off).
+    share_prompts: bool = False
 
     def __post_init__(self):
         # NumPy's SeedSequence and vLLM's seeding (np.random.seed) take only non-negative seeds
@@ -128,6 +133,12 @@ class TrainConfig:
             raise ValueError(f"train.max_staleness must be >= 0, got {self.max_staleness}")
         validate.one_of("train", "old_logp_source", self.old_logp_source, OLD_LOGP_SOURCES)
         validate.boolean("train", "skip_on_policy_logprob_pass", self.skip_on_policy_logprob_pass)
+        validate.boolean("train", "share_prompts", self.share_prompts)
+        if self.share_prompts and self.packing:
+            raise ValueError(
+                "train.share_prompts needs train.packing = False (each row holds one sequence, "
+                "its prompt right-aligned so that a group's rows share the prompt slots)"
+            )
         if self.dynamic_sampling and self.max_staleness:
             # The extra rounds depend on the first round's rewards, so they could only be sampled
             # on the step's critical path by a newer version than the first round.

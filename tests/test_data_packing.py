@@ -157,3 +157,43 @@ def test_one_micro_batch_is_cut_to_an_eighth_of_it_in_whole_rows_per_device():
     np.testing.assert_array_equal(plan.row_S, [2, 2, 0, 1, 1])
     with pytest.raises(ValueError, match=r"micro_rows \(6\) must be a multiple of row_shards"):
         RowLayout(row_len=8, packing=True, micro_rows=6, max_sequences=8, row_shards=4)
+
+
+def test_shared_prompt_layout_right_aligns_prompts_and_tables_each_micro_batch():
+    # 6 sequences (prompt + response tokens), prompt ids 7 7 9 7 9 8, rows of 10 slots, prompts
+    # ending at slot 4 (P = 5), micro-batches of 4 rows: 6 rows -> M = 2, rows 8.
+    layout = RowLayout(
+        row_len=10, packing=False, micro_rows=4, max_sequences=8, prompt_slots=5, prompt_groups=3
+    )
+    assert layout.shared_prompts == (5, 3)
+    lengths, prompts = [7, 5, 8, 6, 4, 9], [3, 2, 3, 3, 2, 5]
+    plan = layout.plan(lengths, prompts)
+    np.testing.assert_array_equal(plan.offset_S, [2, 3, 2, 2, 3, 0])  # 5 - prompt length
+    _check_plan(plan, lengths, layout)
+    # Sequence j sits in global row (j % 4) * 2 + j // 4: rows 0 2 4 6 1 3.
+    np.testing.assert_array_equal(plan.row_S, [0, 2, 4, 6, 1, 3])
+    table, source = plan.prompt_tables(np.array([7, 7, 9, 7, 9, 8]), groups=3)
+    # Micro-batch 0 = rows 0 2 4 6 (sequences 0 1 2 3: ids 7 7 9 7): prompts 7 (its row 0), 9
+    # (its row 2). Micro-batch 1 = rows 1 3 5 7 (sequences 4 5, then two empty rows: ids 9 8).
+    np.testing.assert_array_equal(table[0::2], [0, 2, 0, 0])
+    np.testing.assert_array_equal(source[0::2], [0, 0, 1, 0])
+    np.testing.assert_array_equal(table[1::2], [0, 1, 0, 0])
+    np.testing.assert_array_equal(source[1::2], [0, 1, 0, 0])
+    with pytest.raises(ValueError, match="3 distinct prompts, more than the 2"):
+        plan.prompt_tables(np.array([7, 8, 9, 7, 9, 8]), groups=2)
+
+
+def test_shared_prompt_layout_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="no packing"):
+        RowLayout(10, True, 4, 8, prompt_slots=5, prompt_groups=2)
+    with pytest.raises(ValueError, match="prompt_groups must be in 1..4"):
+        RowLayout(10, False, 4, 8, prompt_slots=5, prompt_groups=5)
+    with pytest.raises(ValueError, match="prompt_slots must be in 1..9"):
+        RowLayout(10, False, 4, 8, prompt_slots=10, prompt_groups=2)
+    layout = RowLayout(10, False, 4, 8, prompt_slots=5, prompt_groups=2)
+    with pytest.raises(ValueError, match="need the prompt lengths"):
+        layout.plan([6, 7])
+    with pytest.raises(ValueError, match="sequence 1 \\(6 prompt tokens of 8\\)"):
+        layout.plan([6, 8], [3, 6])  # a prompt longer than the prompt slots
+    with pytest.raises(ValueError, match="sequence 0 \\(2 prompt tokens of 9\\)"):
+        layout.plan([9, 8], [2, 3])  # a response past the row's end

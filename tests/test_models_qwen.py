@@ -350,3 +350,84 @@ def test_attention_impl_names_match_the_config_and_cudnn_needs_bf16():
     assert (
         get_preset("tiny-qwen3", attention_impl="cudnn", dtype="bfloat16").attention_impl == "cudnn"
     )
+
+
+def _shared_prompt_rows(vocab, slots=6, width=5, seed=0):
+    """Rows of 3 prompts (4, 6, 3 tokens) right-aligned to `slots` and responses of 1..width
+    tokens after them; prompt g of row b = GROUPS[b]; the table holds a padding entry."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, vocab, size=n) for n in (4, 6, 3)]
+    groups = [0, 1, 0, 2, 1, 0, 2]
+    tokens = np.zeros((len(groups), slots + width), np.int32)
+    seg, pos = np.zeros_like(tokens), np.zeros_like(tokens)
+    for b, g in enumerate(groups):
+        p, r = prompts[g], rng.integers(1, vocab, size=rng.integers(1, width + 1))
+        start, end = slots - len(p), slots + len(r)
+        tokens[b, start:slots], tokens[b, slots:end] = p, r
+        seg[b, start:end], pos[b, start:end] = 1, np.arange(end - start)
+    shared = qwen.SharedPrompts(slots, jnp.array([0, 1, 3, 0]), jnp.array(groups, jnp.int32))
+    return tokens, pos, seg, shared
+
+
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("tiny-qwen3", dict(scan_layers=False)),
+        ("tiny-qwen3", dict(scan_layers=True, remat_policy="full")),
+        (
+            "tiny-llama",
+            dict(
+                scan_layers=False,
+                attention_impl="blockwise",
+                attention_block_q=4,
+                attention_block_k=4,
+            ),
+        ),  # fmt: skip
+        ("tiny-qwen2", dict(scan_layers=False)),
+    ],
+    ids=["qwen3", "qwen3-scan-remat", "llama-blockwise", "qwen2-bias"],
+)
+def test_shared_prompts_give_the_same_hidden_states_and_gradients(preset, overrides):
+    """Each distinct prompt run once (`SharedPrompts`) against every row run whole: the same
+    final hidden states on every real token and the same parameter gradients (float32
+    summation order apart)."""
+    cfg = get_preset(preset, vocab_size=64, **overrides)
+    params = jax.tree.map(
+        lambda x: x * 10 if x.ndim > 1 else x, qwen.init_params(cfg, jax.random.key(0))
+    )
+    tokens, pos, seg, shared = _shared_prompt_rows(cfg.vocab_size)
+    weights = (
+        jax.random.normal(jax.random.key(1), (*tokens.shape, cfg.hidden_size)) * seg[..., None]
+    )
+
+    def hidden(p, prompts):
+        model = qwen.Transformer(cfg)
+        return model.apply({"params": p}, tokens, pos, seg, prompts, method=model.hidden)
+
+    whole, once = hidden(params, None), hidden(params, shared)
+    real = seg > 0
+    assert float(jnp.abs(whole[real]).max()) > 1.0
+    np.testing.assert_allclose(once[real], whole[real], atol=2e-5, rtol=0)
+    grad = lambda prompts: jax.jit(jax.grad(lambda p: jnp.sum(hidden(p, prompts) * weights)))(
+        params
+    )
+    ref, got = grad(None), grad(shared)
+    # Each prompt's gradient is summed over its rows in another float32 order: with weights
+    # x10 (gradients ~1e3) a few entries differ by ~1.5e-5 of their leaf's largest.
+    for path, a in jax.tree_util.tree_leaves_with_path(ref):
+        b = got
+        for key in path:
+            b = b[key.key]
+        scale = float(jnp.abs(a).max())
+        assert scale > 1e-4 or "lm_head" in str(path)  # hidden states never reach the head
+        np.testing.assert_allclose(b, a, atol=5e-5 * scale, rtol=0, err_msg=str(path))
+    # The control: a row pointed at another group's prompt changes its hidden states and the
+    # gradients by far more than that.
+    wrong = shared._replace(source_B=shared.source_B.at[3].set(0))
+    assert float(jnp.abs(hidden(params, wrong)[3] - whole[3])[real[3]].max()) > 1e-2
+    off = max(
+        float(jnp.abs(a - b).max() / jnp.abs(a).max())
+        for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(grad(wrong)), strict=True)
+        if float(jnp.abs(a).max()) > 0
+    )
+    assert off > 1e-2

@@ -50,17 +50,40 @@ class RowLayout:
     micro_rows: int  # rows per micro-batch, all devices together
     max_sequences: int  # the most sequences one call holds (bounds the micro-batch count)
     row_shards: int = 1  # devices the rows are split over: every row count is a multiple of it
+    # Shared prompts (train.share_prompts; models/qwen.py SharedPrompts), unpacked rows only:
+    # every sequence's prompt ends at slot prompt_slots - 1 (its response starts at prompt_slots),
+    # and a micro-batch holds at most prompt_groups distinct prompts. 0: off.
+    prompt_slots: int = 0
+    prompt_groups: int = 0
 
     def __post_init__(self):
         for name in ("row_len", "micro_rows", "max_sequences", "row_shards"):
             value = getattr(self, name)
             if not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"RowLayout.{name} must be a positive int, got {value!r}")
+        if self.prompt_slots or self.prompt_groups:
+            if self.packing:
+                raise ValueError("RowLayout: shared prompts need one sequence per row (no packing)")
+            if not 0 < self.prompt_slots < self.row_len:
+                raise ValueError(
+                    f"RowLayout.prompt_slots must be in 1..{self.row_len - 1}, "
+                    f"got {self.prompt_slots!r}"
+                )
+            if not 0 < self.prompt_groups <= self.micro_rows:
+                raise ValueError(
+                    f"RowLayout.prompt_groups must be in 1..{self.micro_rows} (micro_rows), "
+                    f"got {self.prompt_groups!r}"
+                )
         if self.micro_rows % self.row_shards:
             raise ValueError(
                 f"RowLayout.micro_rows ({self.micro_rows}) must be a multiple of row_shards "
                 f"({self.row_shards}): each device holds whole rows of every micro-batch"
             )
+
+    @property
+    def shared_prompts(self) -> tuple[int, int] | None:
+        """(P prompt slots, G prompts per micro-batch) with shared prompts, else None."""
+        return (self.prompt_slots, self.prompt_groups) if self.prompt_slots else None
 
     @property
     def row_step(self) -> int:
@@ -95,8 +118,10 @@ class RowLayout:
         m = self.micro_batches_for(filled_rows)
         return m * self.micro_rows, m
 
-    def plan(self, lengths_S) -> RowPlan:
-        """Where each sequence goes. `lengths_S`: tokens per sequence (0: left out, no tokens)."""
+    def plan(self, lengths_S, prompt_lengths_S=None) -> RowPlan:
+        """Where each sequence goes. `lengths_S`: tokens per sequence (0: left out, no tokens);
+        `prompt_lengths_S`: its prompt's tokens, needed with shared prompts (each sequence then
+        starts at slot prompt_slots - its prompt length)."""
         lengths = np.asarray(lengths_S, np.int64).reshape(-1)
         if len(lengths) > self.max_sequences:
             raise ValueError(
@@ -113,12 +138,30 @@ class RowLayout:
             fill_row, offset = best_fit_decreasing(lengths, self.row_len)
         else:  # one row per sequence, empty ones included: the row count is fixed
             fill_row, offset = np.arange(len(lengths)), np.zeros(len(lengths), np.int64)
+            if self.prompt_slots:
+                offset = self._prompt_offsets(lengths, prompt_lengths_S)
         filled = int(fill_row.max()) + 1 if len(fill_row) else 0
         rows, m = self.rows_for(filled)
         row = np.where(
             fill_row >= 0, (fill_row % self.micro_rows) * m + fill_row // self.micro_rows, -1
         )
         return RowPlan(row, offset, lengths, rows, self.row_len, m)
+
+    def _prompt_offsets(self, lengths: np.ndarray, prompt_lengths_S) -> np.ndarray:
+        """Each sequence's first slot, so that its prompt ends at slot prompt_slots - 1."""
+        if prompt_lengths_S is None:
+            raise ValueError("RowLayout.plan: shared prompts need the prompt lengths")
+        prompt = np.asarray(prompt_lengths_S, np.int64).reshape(-1)
+        offset = np.where(lengths > 0, self.prompt_slots - prompt, 0)
+        bad = (offset < 0) | (prompt < 1) | (prompt > lengths) | (offset + lengths > self.row_len)
+        bad = np.flatnonzero(bad & (lengths > 0))
+        if len(bad):
+            s = int(bad[0])
+            raise ValueError(
+                f"sequence {s} ({int(prompt[s])} prompt tokens of {int(lengths[s])}) does not fit "
+                f"rows whose prompts end at slot {self.prompt_slots} of {self.row_len}"
+            )
+        return offset
 
 
 def best_fit_decreasing(lengths_S: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -201,6 +244,35 @@ class RowPlan:
         out = np.full((len(self.length_S), width), fill, rows.dtype)
         out[seq, pos] = rows[slot]
         return out
+
+    def prompt_tables(self, prompt_id_S, groups: int) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt_table, prompt_source), int32 [R] each (step/forward.py), for sequences
+        whose prompts are `prompt_id_S`: per micro-batch (rows k·M + m, k = 0, 1, ...), entry
+        g < `groups` of its table is the micro-batch row holding its g-th distinct prompt (in row
+        order; unused entries 0), and each row's source is its prompt's g (empty rows 0).
+        Raises ValueError when a micro-batch holds more than `groups` distinct prompts."""
+        ids = np.asarray(prompt_id_S)
+        m = self.micro_batches
+        row_id = np.full(self.rows, -1, np.int64)
+        placed = (self.row_S >= 0) & (self.length_S > 0)
+        row_id[self.row_S[placed]] = ids[placed]
+        table = np.zeros(self.rows, np.int32)
+        source = np.zeros(self.rows, np.int32)
+        for micro in range(m):
+            local = row_id[micro::m]  # row k of this micro-batch is row k·M + micro
+            real = np.flatnonzero(local >= 0)
+            uniq, first, inverse = np.unique(local[real], return_index=True, return_inverse=True)
+            if len(uniq) > groups:
+                raise ValueError(
+                    f"a micro-batch holds {len(uniq)} distinct prompts, more than the "
+                    f"{groups} the shared-prompt layout was built for"
+                )
+            order = np.argsort(first, kind="stable")  # distinct prompts in row order
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            table[micro::m][: len(uniq)] = real[first[order]]
+            source[micro::m][real] = rank[inverse]
+        return table, source
 
     def positions(self) -> np.ndarray:
         """int32 [R, L]: each token's position in its sequence (0 on empty slots)."""

@@ -208,17 +208,46 @@ def layout_rows(
             f"rollout row {b} (prompt id {int(batch.prompt_id[b])}) trains on its first token; "
             "every sequence must start with a prompt token"
         )
-    plan = layout.plan(lengths)
+    prompt_lengths = None
+    if layout.prompt_slots:
+        prompt_lengths = lengths - batch.response_len[seqs]
+    plan = layout.plan(lengths, prompt_lengths)
     out = {}
     for name in fields:
         if name in _DERIVED_FIELDS:
             out[name] = _DERIVED_FIELDS[name](plan, batch, seqs)
+            continue
+        if name in ("prompt_table", "prompt_source"):
+            if name not in out:
+                out.update(_prompt_fields(plan, batch, seqs, layout))
             continue
         value = getattr(batch, name, None)
         if value is None:
             raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
         out[name] = plan.scatter(np.asarray(value)[seqs])
     return out, plan
+
+
+def _prompt_fields(
+    plan: RowPlan, batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout
+) -> dict[str, np.ndarray]:
+    """The shared-prompt table of the rows (RowPlan.prompt_tables), after checking that rows
+    said to share a prompt hold the very same prompt slots (the model runs one of them)."""
+    table, source = plan.prompt_tables(batch.prompt_id[seqs], layout.prompt_groups)
+    m, p = plan.micro_batches, layout.prompt_slots
+    tokens = plan.scatter(batch.tokens[seqs])[:, :p]
+    mask = plan.scatter(batch.attention_mask[seqs])[:, :p]
+    # Row r = k·M + micro reads its micro-batch's table entry source[r]: row entry·M + micro.
+    local = table.reshape(-1, m)[source.reshape(-1, m), np.arange(m)].reshape(-1)
+    holder = local * m + np.arange(plan.rows) % m
+    same = (mask == mask[holder]).all(axis=1) & (tokens == tokens[holder]).all(axis=1)
+    differs = np.flatnonzero(~same & mask.any(axis=1))  # empty rows read any prompt, unused
+    if len(differs):
+        raise ValueError(
+            f"rows {int(differs[0])} and {int(holder[differs[0]])} of a shared-prompt layout have "
+            "the same prompt id but different prompt tokens"
+        )
+    return {"prompt_table": table, "prompt_source": source}
 
 
 # One compiled program per (loss config, group count): run eagerly, the advantages' few dozen

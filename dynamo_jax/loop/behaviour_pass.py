@@ -39,8 +39,13 @@ def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]
         micro_rows = data_shards * (train.max_tokens_per_micro_batch // row_len)
     else:
         micro_rows = train.mini_batch_size // train.micro_batches
+    shared = {}
+    if train.share_prompts:
+        # A micro-batch holds at most the step's prompts (dynamic sampling draws more rounds).
+        groups = micro_rows if train.dynamic_sampling else min(micro_rows, train.prompts_per_step)
+        shared = dict(prompt_slots=cfg.data.max_prompt_tokens, prompt_groups=groups)
     layout = functools.partial(
-        RowLayout, row_len, train.packing, micro_rows, row_shards=data_shards
+        RowLayout, row_len, train.packing, micro_rows, row_shards=data_shards, **shared
     )
     return layout(max_sequences=train.mini_batch_size), layout(max_sequences=cfg.budget)
 

@@ -117,6 +117,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         batch_size=train_layout.max_rows,
         micro_batches=train_layout.max_micro_batches,
         seed=cfg.train.seed,
+        shared_prompts=train_layout.shared_prompts,
     )
     if cfg.init.checkpoint:
         from dynamo_jax.models.hf_io import load_hf_checkpoint

@@ -1,6 +1,6 @@
 """Blockwise (flash-style) attention: no [B, L, S] mask, no [B, H, L, S] scores.
 
-`model.attention_impl="blockwise"`. The same rule as `qwen.attention_mask` (a query at slot q sees
+`model.attention_impl="blockwise"`. The same rule as `attention.attention_mask` (a query at slot q sees
 a key at slot s iff s <= q and both carry the same non-zero segment id), computed per
 (query block, key block) tile from the slots and segment ids, so memory is linear in length:
 
@@ -12,7 +12,7 @@ Shape letters (docs/design.md#shape-letters): B, K kv heads, G query heads per k
 dim; Q query slots and S key slots of one tile, nq / nk query / key blocks.
 
 - grouped-query heads: a kv head's G query heads are stacked into one [G·block_q, E] operand
-  against that kv head's keys, as in `qwen.attend`; K/V are never repeated;
+  against that kv head's keys, as in `attention.attend`; K/V are never repeated;
 - backward (`jax.custom_vjp`): only the output and the log-sum-exp are saved; each tile's
   probabilities are recomputed from them (FlashAttention-2's backward): dq per query block,
   dk/dv accumulated into float32 buffers of the keys' size.
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 Array = jax.Array
 
 DEFAULT_BLOCK = 512
-# The same finite "minus infinity" as qwen._MASK_VALUE; masked entries never enter a sum here
+# The same finite "minus infinity" as attention._MASK_VALUE; masked entries never enter a sum here
 # (they are zeroed with `where`), it only seeds the running max.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -217,7 +217,7 @@ def blockwise_attention(
     block_q: int = DEFAULT_BLOCK,
     block_k: int = DEFAULT_BLOCK,
 ) -> Array:
-    """Masked grouped-query attention, equal to `qwen.attend(q, k, v, attention_mask(q_slot_L,
+    """Masked grouped-query attention, equal to `attention.attend(q, k, v, attention_mask(q_slot_L,
     q_seg_BxL, kv_seg_BxS))`, in tiles of block_q queries x block_k keys.
 
     Lengths need not be multiples of the blocks: queries are padded with slot -1 and segment 0,

@@ -22,7 +22,7 @@ REMAT_POLICIES = (
     "dots_with_no_batch_dims_saveable",
     "everything_saveable",
 )
-# How the masked attention is computed (models/qwen.py ATTENTION_IMPLS, same names).
+# How the masked attention is computed (models/attention.py ATTENTION_IMPLS, same names).
 ATTENTION_IMPLS = ("matmul", "xla", "cudnn", "blockwise", "pallas")
 
 

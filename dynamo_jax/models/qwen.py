@@ -26,23 +26,33 @@ right padding both work; RoPE uses the explicit positions, which restart at 0 fo
 sequence. Segments never see each other, so packed and padded sequences get the same outputs.
 
 `ModelConfig.attention_impl` picks how the masked attention is computed, once, where the model is
-built (`ATTENTION_IMPLS`): "matmul" (batched matmuls, below) or `jax.nn.dot_product_attention`
+built (`ATTENTION_IMPLS`, models/attention.py): "matmul" (batched matmuls) or `jax.nn.dot_product_attention`
 with implementation "xla" or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16; the
 causal flag lets it skip the blocks above the diagonal) all build the [B, L, S] mask;
 "blockwise" (models/attention_blockwise.py) computes the same rule per tile from slots and
 segment ids, with memory linear in length; "pallas" (models/attention_pallas.py) is the Pallas
 GPU flash kernel with segment ids, for training rows on NVIDIA GPUs.
+
+Shared prompts (`SharedPrompts`, train.share_prompts): when rows repeat a prompt, as a GRPO
+group's samples do, the forward can run each distinct prompt once and every row's response
+against it: the layers then carry (prompts, rows) pairs of streams through the same modules.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dynamo_jax.models.attention_blockwise import blockwise_attention
+from dynamo_jax.models.attention import (  # noqa: F401  (attend, attention_mask: re-exported)
+    ATTENTION_IMPLS,
+    attend,
+    attend_cache,
+    attend_shared,
+    attention_mask,
+)
 from dynamo_jax.models.config import ModelConfig
 
 Array = jax.Array
@@ -50,9 +60,6 @@ Array = jax.Array
 LayerKV = tuple[Array, Array] | None
 
 _INIT_STD = 0.02  # HF initializer_range for Qwen
-# A finite "minus infinity": a fully masked row (a padding query) softmaxes to a uniform row
-# instead of NaN, and NaNs never leak into gradients through `where`.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def _dtype(name: str) -> jnp.dtype:
@@ -61,6 +68,35 @@ def _dtype(name: str) -> jnp.dtype:
 
 def _param(module: nn.Module, name: str, init, shape, axes, dtype) -> Array:
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+def _each(fn, x, *more):
+    """`fn` over one array, or over each stream of a (prompts, rows) pair of shared-prompt
+    streams (`SharedPrompts`) with the other arguments paired the same way."""
+    if isinstance(x, tuple):
+        return tuple(fn(*args) for args in zip(x, *more, strict=True))
+    return fn(x, *more)
+
+
+def _tokens(x_BxLxF: Array) -> Array:
+    """[B, L, ...] -> [B·L, F]: the products run on [tokens, features] operands (see `MLP`)."""
+    return x_BxLxF.reshape(x_BxLxF.shape[0] * x_BxLxF.shape[1], -1)
+
+
+class SharedPrompts(NamedTuple):
+    """Rows whose prompts repeat (a GRPO group's samples) run each distinct prompt once.
+
+    Every row holds its prompt in slots [0, slots) (right-aligned, left-padded) and its response
+    after it. The model runs the prompt slots of the rows `table_G` only, and the response slots
+    of every row; the queries of row b's response attend to the keys of prompt
+    `source_B[b]` (whose slots are row b's own prompt: the caller guarantees equal prompt slots)
+    then to their own. The prompt's hidden states come back on every row of it, so the output is
+    the unshared forward's, up to summation order, and the prompt's gradient is the sum of its
+    rows' (the gather's transpose)."""
+
+    slots: int  # P, static: the prompt slots of every row
+    table_G: Array  # int32 [G]: a row holding each distinct prompt
+    source_B: Array  # int32 [B]: which of the G prompts each row's is
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +117,7 @@ class RMSNorm(nn.Module):
         return (scale.astype(jnp.float32) * x32).astype(self.dtype)
 
 
-# RoPE's (cos, sin) at each token's position, each [B, L, 1, E/2] float32: computed once per
+# RoPE's (cos, ±sin) at each token's position, float32 (`rope_table`): computed once per
 # forward and shared by every layer's queries and keys. Computed inside each layer instead, XLA
 # fused the sin/cos into the per-head fusions of every layer, forward and backward (recomputing
 # them H + K times per layer): ~10% of the small-qwen3 update on XLA:CPU.
@@ -89,177 +125,24 @@ RopeTable = tuple[Array, Array]
 
 
 def rope_table(positions_BxL: Array, head_dim: int, theta: float) -> RopeTable:
-    """(cos, sin) of RoPE's angles at `positions_BxL`, HF's inverse frequencies."""
+    """RoPE's (cos, ±sin) at `positions_BxL`, HF's inverse frequencies, each [B, L, 1, 2, E/2]:
+    cos on both halves of head_dim, sin as (−sin, +sin) (`rope`'s operands)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles_BxLxE2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
-    return jnp.cos(angles_BxLxE2)[:, :, None, :], jnp.sin(angles_BxLxE2)[:, :, None, :]
+    angles = positions_BxL.astype(jnp.float32)[:, :, None, None, None] * inv_freq
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.concatenate([cos, cos], axis=3), jnp.concatenate([-sin, sin], axis=3)
 
 
 def rope(x_BxLxHxE: Array, table: RopeTable) -> Array:
-    """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim)."""
+    """Rotary embedding, HF "rotate_half" layout (first half / second half of head_dim):
+    (x1, x2) -> (x1 cos − x2 sin, x2 cos + x1 sin), written as x·cos + swap(x)·(−sin, sin) over
+    the halves. Slicing and concatenating the halves instead cost a pad-and-add pass per
+    projection in the backward on XLA:CPU (~3 ms a layer at small-qwen3)."""
     cos, sin = table
-    e = x_BxLxHxE.shape[-1]
-    x = x_BxLxHxE.astype(jnp.float32)
-    x1, x2 = x[..., : e // 2], x[..., e // 2 :]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BxLxHxE.dtype)
-
-
-def attention_mask(q_slot_L: Array, q_seg_BxL: Array, kv_seg_BxS: Array) -> Array:
-    """bool [B, L, S]: the query at slot q_slot_L[l] may see the key at slot s iff s <= that slot
-    and both have the same segment id; segment 0 (empty slots) sees and is seen by nothing."""
-    s_idx = jnp.arange(kv_seg_BxS.shape[1])
-    causal_LxS = s_idx[None, :] <= q_slot_L[:, None]
-    same_BxLxS = kv_seg_BxS[:, None, :] == q_seg_BxL[:, :, None]
-    return causal_LxS[None] & same_BxLxS & (kv_seg_BxS[:, None, :] > 0)
-
-
-def attend(
-    q_BxLxHxE: Array,
-    k_BxSxKxE: Array,
-    v_BxSxKxE: Array,
-    allowed_BxLxS: Array,
-    causal: bool,
-) -> Array:
-    """Grouped-query attention over the keys `allowed_BxLxS` permits (`attention_mask`).
-
-    `causal` (queries are the keys' own slots) is implied by the mask; this implementation does
-    not need it. A query that may see nothing (an empty slot) gets a uniform average, finite.
-    The keys and values are turned into the matmul layout `attend_kv_major` takes.
-    """
-    del causal
-    k_BxKxExS = k_BxSxKxE.transpose(0, 2, 3, 1)
-    v_BxKxSxE = v_BxSxKxE.transpose(0, 2, 1, 3)
-    return attend_kv_major(q_BxLxHxE, k_BxKxExS, v_BxKxSxE, allowed_BxLxS)
-
-
-def attend_kv_major(
-    q_BxLxHxE: Array, k_BxKxExS: Array, v_BxKxSxE: Array, allowed_BxLxS: Array
-) -> Array:
-    """`attend` with keys as [B, K, E, S] and values as [B, K, S, E]: the KV cache's layout.
-
-    Scores and softmax run in float32; the value product in the compute dtype. The products
-    run as batched matmuls over (batch, kv head) with operands already in [rows, contraction]
-    layout, and a kv head's G query heads stacked into one [G·L, E] operand: on XLA:CPU the
-    same einsums in the [B, L, H, E] layout measured 1.6x (forward) and 1.8x (forward and
-    backward) slower at 8 x 256 tokens, 4 heads of 64 (the dots ran on transposed copies).
-    The cache is stored in this layout so a decode step reads it without transposing it.
-    """
-    b, length, h, e = q_BxLxHxE.shape
-    kv_heads, s = k_BxKxExS.shape[1], k_BxKxExS.shape[3]
-    g = h // kv_heads
-    q_BxKxQLxE = (
-        q_BxLxHxE.reshape(b, length, kv_heads, g, e)
-        .transpose(0, 2, 3, 1, 4)
-        .reshape(b, kv_heads, g * length, e)
-    )
-    scores = jnp.matmul(q_BxKxQLxE, k_BxKxExS, preferred_element_type=jnp.float32)
-    scores = scores.reshape(b, kv_heads, g, length, s) * (e**-0.5)
-    scores = jnp.where(allowed_BxLxS[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxE.dtype)
-    out = jnp.matmul(probs.reshape(b, kv_heads, g * length, s), v_BxKxSxE)
-    return out.reshape(b, kv_heads, g, length, e).transpose(0, 3, 1, 2, 4).reshape(b, length, h, e)
-
-
-# Every attention implementation takes (q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
-# the ingredients of `attention_mask`, so an implementation that never builds the mask can skip it.
-
-
-def _masked(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
-    allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
-    return attend(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, allowed_BxLxS, causal)
-
-
-def _dot_product_attention(implementation: str):
-    """`attend` through `jax.nn.dot_product_attention` with the given implementation."""
-
-    def attend_dpa(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
-        allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
-        return jax.nn.dot_product_attention(
-            q_BxLxHxE,
-            k_BxSxKxE,
-            v_BxSxKxE,
-            mask=allowed_BxLxS[:, None],
-            is_causal=causal,
-            implementation=implementation,
-        )
-
-    return attend_dpa
-
-
-def _blockwise(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
-    # `causal` is implied by the slots; the blockwise bound skips the tiles above the diagonal.
-    return blockwise_attention(
-        q_BxLxHxE,
-        k_BxSxKxE,
-        v_BxSxKxE,
-        q_slot_L,
-        q_seg_BxL,
-        kv_seg_BxS,
-        block_q=cfg.attention_block_q,
-        block_k=cfg.attention_block_k,
-    )
-
-
-def _pallas(q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, causal, cfg):
-    # Imported on use: Pallas' GPU lowering is only needed where this implementation is chosen.
-    from dynamo_jax.models.attention_pallas import pallas_attention
-
-    if jax.default_backend() != "gpu":
-        raise ValueError(
-            "ModelConfig.attention_impl='pallas' runs a Triton kernel and needs an NVIDIA GPU "
-            f"(backend here: {jax.default_backend()}); use 'blockwise' elsewhere"
-        )
-    if not causal:  # decoding against a KV cache: the kernel only knows the training layout
-        return _blockwise(
-            q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, False, cfg
-        )
-    return pallas_attention(
-        q_BxLxHxE,
-        k_BxSxKxE,
-        v_BxSxKxE,
-        q_seg_BxL,
-        block_q=cfg.attention_block_q,
-        block_k=cfg.attention_block_k,
-    )
-
-
-# ModelConfig.attention_impl → the attention function (models/config.py lists the same names).
-ATTENTION_IMPLS = {
-    "matmul": _masked,
-    "xla": _dot_product_attention("xla"),
-    "cudnn": _dot_product_attention("cudnn"),
-    "blockwise": _blockwise,
-    "pallas": _pallas,
-}
-
-
-def _attend_cache(cfg, q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS,
-                  cache_index, layer_kv):  # fmt: skip
-    """Write L new keys/values into one layer's cache at `cache_index`, attend over the cache.
-
-    The cache (`LayerKV`) keeps keys as [B, K, E, S] and values as [B, K, S, E], the operands'
-    layout in `attend_kv_major`, so a decode step writes its one slot in place and reads the
-    cache as it is: transposing the whole cache for every token cost more than the attention
-    itself on XLA:CPU (benchmarks/decode_profile.py). The other implementations take [B, S, K, E]
-    and get transposed copies.
-    """
-    dt = q_BxLxHxE.dtype
-    k_cache, v_cache = layer_kv
-    new_k = k_BxLxKxE.transpose(0, 2, 3, 1).astype(k_cache.dtype)
-    new_v = v_BxLxKxE.transpose(0, 2, 1, 3).astype(v_cache.dtype)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, new_k, (0, 0, 0, cache_index))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, new_v, (0, 0, cache_index, 0))
-    k, v = k_cache.astype(dt), v_cache.astype(dt)
-    if cfg.attention_impl == "matmul":
-        allowed_BxLxS = attention_mask(q_slot_L, q_seg_BxL, kv_seg_BxS)
-        out = attend_kv_major(q_BxLxHxE, k, v, allowed_BxLxS)
-    else:
-        k_BxSxKxE, v_BxSxKxE = k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3)
-        out = ATTENTION_IMPLS[cfg.attention_impl](
-            q_BxLxHxE, k_BxSxKxE, v_BxSxKxE, q_slot_L, q_seg_BxL, kv_seg_BxS, False, cfg
-        )
-    return out, (k_cache, v_cache)
+    b, length, h, e = x_BxLxHxE.shape
+    x = x_BxLxHxE.astype(jnp.float32).reshape(b, length, h, 2, e // 2)
+    out = x * cos + x[:, :, :, ::-1] * sin
+    return out.reshape(b, length, h, e).astype(x_BxLxHxE.dtype)
 
 
 class Attention(nn.Module):
@@ -275,24 +158,29 @@ class Attention(nn.Module):
         kv_seg_BxS: Array,
         cache_index: Array | None,
         layer_kv: LayerKV,
+        prompt_source_B: Array | None = None,
     ) -> tuple[Array, LayerKV]:
         cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
-        q = _Proj(cfg, cfg.num_heads, "heads", name="q_proj")(x_BxLxD)
-        k = _Proj(cfg, cfg.num_kv_heads, "kv_heads", name="k_proj")(x_BxLxD)
-        v = _Proj(cfg, cfg.num_kv_heads, "kv_heads", name="v_proj")(x_BxLxD)
+        q = _each(_Proj(cfg, cfg.num_heads, "heads", name="q_proj"), x_BxLxD)
+        k = _each(_Proj(cfg, cfg.num_kv_heads, "kv_heads", name="k_proj"), x_BxLxD)
+        v = _each(_Proj(cfg, cfg.num_kv_heads, "kv_heads", name="v_proj"), x_BxLxD)
         if cfg.qk_norm:
-            q = RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="q_norm")(q)
-            k = RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="k_norm")(k)
-        q = rope(q, rope_cs)
-        k = rope(k, rope_cs)
-        q = nn.with_logical_constraint(q, ("act_batch", "act_len", "act_heads", None))
-        if layer_kv is None:
+            q = _each(RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="q_norm"), q)
+            k = _each(RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="k_norm"), k)
+        q, k = _each(rope, q, rope_cs), _each(rope, k, rope_cs)
+        constrain = lambda x: nn.with_logical_constraint(
+            x, ("act_batch", "act_len", "act_heads", None)
+        )  # noqa: E731
+        q = _each(constrain, q)
+        if prompt_source_B is not None:
+            out = attend_shared(cfg, q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, prompt_source_B)
+        elif layer_kv is None:
             # The keys are the queries' own slots: causal in the fused kernels' sense.
             out = ATTENTION_IMPLS[cfg.attention_impl](
                 q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, True, cfg
             )
         else:
-            out, layer_kv = _attend_cache(cfg, q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS,
+            out, layer_kv = attend_cache(cfg, q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS,
                                           cache_index, layer_kv)  # fmt: skip
         o_kernel = _Kernel(
             (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
@@ -300,9 +188,8 @@ class Attention(nn.Module):
             pdt,
             name="o_proj",
         )()
-        b, length = out.shape[:2]
-        y = out.reshape(b * length, -1) @ o_kernel.reshape(-1, cfg.hidden_size).astype(dt)
-        y = y.reshape(b, length, cfg.hidden_size)
+        w_HExD = o_kernel.reshape(-1, cfg.hidden_size).astype(dt)
+        y = _each(lambda o: (_tokens(o) @ w_HExD).reshape(o.shape[:2] + (-1,)), out)
         return y, layer_kv
 
 
@@ -322,13 +209,37 @@ class _Proj(nn.Module):
         # One [tokens, D] x [D, heads·E] product, as in `MLP`: with the einsum over [B, L, D]
         # and the [D, heads, E] kernel, XLA:CPU transposed the query gradient into a [heads·E,
         # tokens] copy for the kernel's gradient (~6 ms a layer at small-qwen3 on one core).
-        b, length, d = x_BxLxD.shape
-        y_NxHE = x_BxLxD.reshape(b * length, d) @ kernel.reshape(d, -1).astype(dt)
-        y = y_NxHE.reshape(b, length, self.heads, cfg.head_dim)
+        y_NxHE = _tokens(x_BxLxD) @ kernel.reshape(shape[0], -1).astype(dt)
+        y = y_NxHE.reshape(x_BxLxD.shape[:2] + shape[1:])
         if cfg.qkv_bias:
             bias = _param(self, "bias", nn.initializers.zeros, shape[1:], axes[1:], pdt)
             y = y + bias.astype(dt)
         return y
+
+
+@jax.custom_vjp
+def swiglu(gate_NxF: Array, up_NxF: Array) -> Array:
+    """silu(gate) · up, with a backward that keeps only its two inputs.
+
+    Differentiated by JAX, the forward also saved sigmoid(gate) and silu(gate) for the backward:
+    three passes over [tokens, F] writing three arrays on XLA:CPU, memory-bound, ~8 ms a layer
+    at small-qwen3. Here the forward is one pass and the backward recomputes the sigmoid in its
+    own single pass (the same formulas, tests/test_models_qwen.py)."""
+    return gate_NxF * jax.nn.sigmoid(gate_NxF) * up_NxF
+
+
+def _swiglu_fwd(gate_NxF, up_NxF):
+    return swiglu(gate_NxF, up_NxF), (gate_NxF, up_NxF)
+
+
+def _swiglu_bwd(residuals, dh_NxF):
+    gate, up = residuals
+    sig = jax.nn.sigmoid(gate)
+    # d silu(g)/dg = σ(g) (1 + g (1 − σ(g)))
+    return dh_NxF * up * sig * (1 + gate * (1 - sig)), dh_NxF * gate * sig
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class MLP(nn.Module):
@@ -348,7 +259,7 @@ class MLP(nn.Module):
         # -> 260 ms).
         b, length = x_BxLxD.shape[:2]
         x_NxD = x_BxLxD.reshape(b * length, d)
-        h_NxF = jax.nn.silu(x_NxD @ gate.astype(dt)) * (x_NxD @ up.astype(dt))
+        h_NxF = swiglu(x_NxD @ gate.astype(dt), x_NxD @ up.astype(dt))
         h = h_NxF.reshape(b, length, f)
         h = nn.with_logical_constraint(h, ("act_batch", "act_len", "act_mlp"))
         return (h.reshape(b * length, f) @ down.astype(dt)).reshape(b, length, d)
@@ -380,16 +291,20 @@ class DecoderLayer(nn.Module):
         kv_seg_BxS: Array,
         cache_index: Array | None,
         layer_kv: LayerKV,
+        prompt_source_B: Array | None = None,
     ) -> tuple[Array, LayerKV]:
+        """One layer. With `prompt_source_B`, the arrays are (prompts, rows) pairs
+        (`SharedPrompts`, `Transformer._run`)."""
         cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
-        x = nn.with_logical_constraint(x_BxLxD, ("act_batch", "act_len", "act_embed"))
-        h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="input_norm")(x)
+        axes = ("act_batch", "act_len", "act_embed")
+        x = _each(lambda x: nn.with_logical_constraint(x, axes), x_BxLxD)
+        h = _each(RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="input_norm"), x)
         h, layer_kv = Attention(cfg, name="attn")(
-            h, rope_cs, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, layer_kv
+            h, rope_cs, q_slot_L, q_seg_BxL, kv_seg_BxS, cache_index, layer_kv, prompt_source_B
         )
-        x = x + h
-        h = RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="post_attn_norm")(x)
-        x = x + MLP(cfg, name="mlp")(h)
+        x = _each(jnp.add, x, h)
+        h = _each(RMSNorm(cfg.rms_norm_eps, "embed", dt, pdt, name="post_attn_norm"), x)
+        x = _each(jnp.add, x, _each(MLP(cfg, name="mlp"), h))
         return x, layer_kv
 
 
@@ -431,7 +346,7 @@ class Transformer(nn.Module):
                 _layer_class(cfg),
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                in_axes=(nn.broadcast,) * 5 + (0,),
+                in_axes=(nn.broadcast,) * 5 + (0, nn.broadcast),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )(cfg)
@@ -444,19 +359,32 @@ class Transformer(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _Kernel((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt)
 
-    def _run(self, tokens_BxL, positions_BxL, segment_ids_BxL):
+    def _run(self, tokens_BxL, positions_BxL, segment_ids_BxL, prompts=None):
         """Embed, run all layers over the rows themselves (no cache), final norm."""
-        x = self._embed(tokens_BxL)
-        q_slot_L = jnp.arange(tokens_BxL.shape[1])
         seg = segment_ids_BxL.astype(jnp.int32)
-        masks = (q_slot_L, seg, seg)
-        rope_cs = self._rope_table(positions_BxL)
+        if prompts is None:
+            x = self._embed(tokens_BxL)
+            rope_cs = self._rope_table(positions_BxL)
+            q_slot_L = jnp.arange(tokens_BxL.shape[1])
+            masks, source = (q_slot_L, seg, seg), None
+        else:  # (prompts, rows) streams: SharedPrompts
+            p, source = prompts.slots, prompts.source_B
+            split = lambda a: (a[prompts.table_G, :p], a[:, p:])  # noqa: E731
+            x = _each(self._embed, split(tokens_BxL))
+            rope_cs = _each(self._rope_table, split(positions_BxL))
+            seg_prompt, seg_rows = split(seg)
+            slots = (jnp.arange(p), p + jnp.arange(tokens_BxL.shape[1] - p))
+            kv_seg = (seg_prompt, jnp.concatenate([seg_prompt[source], seg_rows], axis=1))
+            masks = (slots, (seg_prompt, seg_rows), kv_seg)
         if self.cfg.scan_layers:
-            x, _ = self.layers(x, rope_cs, *masks, None, None)
+            x, _ = self.layers(x, rope_cs, *masks, None, None, source)
         else:
             for layer in self.layer_list:
-                x, _ = layer(x, rope_cs, *masks, None, None)
-        return self.final_norm(x)
+                x, _ = layer(x, rope_cs, *masks, None, None, source)
+        h = _each(self.final_norm, x)
+        if prompts is None:
+            return h
+        return jnp.concatenate([h[0][source], h[1]], axis=1)
 
     def _rope_table(self, positions_BxL: Array) -> RopeTable:
         return rope_table(positions_BxL, self.cfg.head_dim, self.cfg.rope_theta)
@@ -465,14 +393,20 @@ class Transformer(nn.Module):
         x = self.embed(tokens_BxL.astype(jnp.int32))
         return nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
 
-    def hidden(self, tokens_BxL: Array, positions_BxL: Array, segment_ids_BxL: Array) -> Array:
+    def hidden(
+        self,
+        tokens_BxL: Array,
+        positions_BxL: Array,
+        segment_ids_BxL: Array,
+        prompts: SharedPrompts | None = None,
+    ) -> Array:
         """Final-norm hidden states [B, L, D] in the compute dtype (no unembedding).
 
         `segment_ids_BxL`: 0 for empty slots, k >= 1 for the row's k-th sequence (a 0/1
         attention mask is one sequence per row); tokens attend within their segment only.
+        `prompts`: run each distinct prompt once (`SharedPrompts`; the same hidden states).
         """
-        h = self._run(tokens_BxL, positions_BxL, segment_ids_BxL)
-        return h
+        return self._run(tokens_BxL, positions_BxL, segment_ids_BxL, prompts)
 
     def logits(self, hidden_BxLxD: Array) -> Array:
         """float32 logits from hidden states, with the (tied or separate) unembedding."""

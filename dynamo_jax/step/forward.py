@@ -22,6 +22,10 @@ causality by slot and segment and takes explicit positions:
                                   that draw per-token noise: it keys the noise, step/train_step.py)
     temperature     f32   []      the sampling temperature of this batch (a traced scalar: changing
                                   it every step never recompiles)
+    prompt_table    int32 [B]     with shared prompts only (`SharedPrompts`, train.share_prompts):
+                                  entry g < G of a micro-batch = the row (within it) that holds its
+                                  g-th distinct prompt; the entries from G on are not read
+    prompt_source   int32 [B]     with shared prompts only: which of those G prompts the row's is
     on_policy       f32   []      train step only: 1 when the mini-batch was sampled by the very
                                   parameters this update starts from, so π_old = stop_gradient(π)
                                   of the update's own forward and `old_logp` is not read (the
@@ -58,7 +62,13 @@ from jax.sharding import PartitionSpec as P
 from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE, sharded_token_logprobs_entropy
 from dynamo_jax.models.config import ModelConfig
-from dynamo_jax.models.qwen import Transformer, param_logical_axes, param_shapes, unembedding
+from dynamo_jax.models.qwen import (
+    SharedPrompts,
+    Transformer,
+    param_logical_axes,
+    param_shapes,
+    unembedding,
+)
 from dynamo_jax.sharding.rules import (
     LogicalRules,
     _as_axes_tuple,
@@ -81,6 +91,8 @@ TRAIN_FIELDS = MODEL_INPUT_FIELDS + (
     "on_policy",
 )
 LOGPROB_FIELDS = MODEL_INPUT_FIELDS + ("loss_mask", "temperature")  # make_logprob_fn's batch
+# Per-row int32 [B] fields of the shared-prompt layout (added where it is on).
+PROMPT_FIELDS = ("prompt_table", "prompt_source")
 
 
 def activation_rules(rules: LogicalRules, mesh: Mesh, model_cfg: ModelConfig) -> LogicalRules:
@@ -131,6 +143,7 @@ def token_stats(
     return_k: bool,
     block_size: int = DEFAULT_BLOCK_SIZE,
     logits_residual: str = "recompute",
+    shared_prompts: tuple[int, int] | None = None,
 ) -> tuple[Array, Array, Array | None]:
     """(logp_BxL, entropy_BxL, K_BxL or None), float32, per the module's batch convention.
 
@@ -139,9 +152,17 @@ def token_stats(
     `LossConfig.logits_residual` (what the backward of the log-prob pass keeps; logprobs.py).
     With `loss_mask` in `batch`, only the tokens it selects are scored: the others (prompt,
     padding) are 0 in all three outputs and cost no vocabulary projection, forward or backward.
+    `shared_prompts` = (P prompt slots, G prompts), static: the rows' prompts sit in slots
+    [0, P) and the model runs each of the batch's G `prompt_table` rows' prompts once
+    (`SharedPrompts`; the same outputs).
     """
     tokens_BxL = batch["tokens"]
     b, length = tokens_BxL.shape
+    prompts = None
+    if shared_prompts is not None:
+        slots, groups = shared_prompts
+        table = batch["prompt_table"][:groups]
+        prompts = SharedPrompts(slots, table, batch["prompt_source"])
     # The abstract mesh makes the model's `with_logical_constraint`s real inside this jit
     # (`jax.set_mesh` is not allowed under a trace).
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
@@ -150,6 +171,7 @@ def token_stats(
             tokens_BxL,
             batch["positions"],
             batch["segment_ids"],
+            prompts,
             method=Transformer.hidden,
         )
     w_DxV = unembedding(params, model_cfg)
@@ -248,7 +270,9 @@ def make_logprob_fn(
     act_rules = activation_rules(rules, mesh, model_cfg)
     micro_rows = layout.micro_rows
     batch_sharding(mesh, act_rules, micro_rows, ndim=1)  # clear error if uneven
-    in_batch = batch_shardings(mesh, act_rules, micro_rows, LOGPROB_FIELDS)
+    shared = layout.shared_prompts
+    fields = LOGPROB_FIELDS + (PROMPT_FIELDS if shared else ())
+    in_batch = batch_shardings(mesh, act_rules, micro_rows, fields)
     out = batch_sharding(mesh, act_rules, micro_rows, ndim=2)
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
     forward = functools.partial(
@@ -258,11 +282,12 @@ def make_logprob_fn(
         rules=act_rules,
         return_k=False,
         block_size=block_size,
+        shared_prompts=shared,
     )
 
     def fn(params, batch):
         temperature = batch["temperature"]
-        rows = {f: batch[f] for f in MODEL_INPUT_FIELDS + ("loss_mask",)}
+        rows = {f: batch[f] for f in fields if f != "temperature"}
         m = micro_batch_count(rows["tokens"].shape[0], micro_rows)
         run = lambda mb: forward(params, {**mb, "temperature": temperature})[:2]
         if m == 1:

@@ -64,6 +64,7 @@ from dynamo_jax.losses.logprobs import DEFAULT_BLOCK_SIZE
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.sharding.rules import LogicalRules, batch_sharding, replicated, rule_axes
 from dynamo_jax.step.forward import (
+    PROMPT_FIELDS,
     SCALAR_FIELDS,
     TRAIN_FIELDS,
     activation_rules,
@@ -90,11 +91,12 @@ class TrainStep(NamedTuple):
 NOISE_STREAM = 1  # folded into the step key for Clip-Cov's token pick
 
 
-def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
+def train_fields(loss_cfg: LossConfig, shared_prompts: bool = False) -> tuple[str, ...]:
     """The batch fields the step reads for this loss (forward.py documents each).
 
     `ref_logp` is needed when the loss has a KL penalty, `sequence_index` when the variant draws
-    per-token noise, `seq_weight` under loss_agg_mode "prompt-mean"; a variant may ask for more.
+    per-token noise, `seq_weight` under loss_agg_mode "prompt-mean", the prompt table with
+    `shared_prompts`; a variant may ask for more.
     """
     variant = registry.get(loss_cfg.variant)
     fields = TRAIN_FIELDS + variant.batch_fields
@@ -104,6 +106,8 @@ def train_fields(loss_cfg: LossConfig) -> tuple[str, ...]:
         fields += ("sequence_index",)
     if loss_cfg.loss_agg_mode == "prompt-mean":
         fields += ("seq_weight",)
+    if shared_prompts:
+        fields += PROMPT_FIELDS
     return fields
 
 
@@ -239,6 +243,7 @@ def make_train_step(
     micro_batches: int = 1,
     block_size: int = DEFAULT_BLOCK_SIZE,
     seed: int = 0,
+    shared_prompts: tuple[int, int] | None = None,
 ) -> TrainStep:
     """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
 
@@ -254,6 +259,9 @@ def make_train_step(
     The batch's `on_policy` flag (forward.py) says the mini-batch was sampled by the very
     parameters this update starts from: π_old = stop_gradient(π) of the update's own forward and
     its `old_logp` is ignored (the caller skipped the log-prob pass for it; same gradient, tested).
+    `shared_prompts` = (P prompt slots, G prompts per micro-batch): the batch's rows hold their
+    prompts in slots [0, P) and carry the prompt table (forward.py); the forward runs each
+    distinct prompt once (`forward.token_stats`). The layout's `RowLayout.shared_prompts`.
     """
     if micro_batches < 1 or batch_size % micro_batches:
         raise ValueError(
@@ -263,7 +271,8 @@ def make_train_step(
     micro_rows = batch_size // micro_batches
     batch_sharding(mesh, act_rules, micro_rows, ndim=1)  # clear error if uneven
     state_sh = train_state_shardings(model_cfg, optimizer, mesh, rules)
-    batch_sh = batch_shardings(mesh, act_rules, batch_size, train_fields(loss_cfg))
+    fields = train_fields(loss_cfg, shared_prompts is not None)
+    batch_sh = batch_shardings(mesh, act_rules, batch_size, fields)
     forward = functools.partial(
         token_stats,
         model_cfg=model_cfg,
@@ -272,6 +281,7 @@ def make_train_step(
         return_k=loss_cfg.needs_k,
         block_size=block_size,
         logits_residual=loss_cfg.logits_residual,
+        shared_prompts=shared_prompts,
     )
     row_sh = NamedSharding(mesh, P(rule_axes(act_rules, "act_batch")))
     compute_grads = _make_compute_grads(forward, loss_cfg, micro_rows, row_sh, state_sh.params)
