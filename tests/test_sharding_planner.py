@@ -67,12 +67,30 @@ def test_packed_layouts_are_planned_at_their_worst_case(tiny_report):
     sequence alone in a row): 512 sequences, 2 rows of 4096 per device on 8 row shards → 16
     rows per micro-batch, 32 micro-batches. Memory is one micro-batch's."""
     layout = RowLayout(row_len=4096, packing=True, micro_rows=8 * 2, max_sequences=512)
-    assert row_batch_shape(layout) == dict(batch_size=512, seq_len=4096, micro_batches=32)
+    assert row_batch_shape(layout) == dict(
+        batch_size=512, seq_len=4096, micro_batches=32, shared_prompts=None
+    )
     assert row_shards(MeshConfig(shape=(1, -1, 2)), 16) == 8  # (data, fsdp) = (1, 8)
     assert row_shards(MeshConfig(shape=(2, 2, 4)), 16) == 4
     # The tiny plan: 8 rows of 32 tokens on 8 devices in one micro-batch.
     assert tiny_report["tokens_per_device_micro_batch"] == 32
     assert "1 micro-batch(es) of 32 tokens per device" in format_report(tiny_report)
+
+
+def test_a_shared_prompt_step_is_planned_with_its_prompt_table():
+    """train.share_prompts' step (prompts in 8 slots, 2 per micro-batch) compiles on the 8-device
+    fsdp mesh, and its batch adds the two int32 [B] prompt-table fields to the unshared one."""
+    layout = RowLayout(32, False, 8, 8, row_shards=8, prompt_slots=8, prompt_groups=2)
+    assert row_batch_shape(layout)["shared_prompts"] == (8, 2)
+    report = run_dry_run(
+        get_preset("tiny-qwen3"),
+        LossConfig(),
+        MeshConfig(shape=(1, -1, 1)),
+        num_devices=8,
+        device_memory_gb=1.0,
+        **row_batch_shape(layout),
+    )
+    assert report["per_device_bytes"]["batch"] == 6 * 32 * 4 + 2 * 4 + 2 * 4
 
 
 def test_mesh_not_matching_device_count_fails_before_spawning():

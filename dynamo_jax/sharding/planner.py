@@ -89,7 +89,10 @@ def row_shards(mesh_cfg: MeshConfig, num_devices: int) -> int:
 def row_batch_shape(layout: Any) -> dict[str, int]:
     """`plan`'s batch arguments for a `data.packing.RowLayout`: its worst-case batch."""
     return dict(
-        batch_size=layout.max_rows, seq_len=layout.row_len, micro_batches=layout.max_micro_batches
+        batch_size=layout.max_rows,
+        seq_len=layout.row_len,
+        micro_batches=layout.max_micro_batches,
+        shared_prompts=layout.shared_prompts,
     )
 
 
@@ -97,13 +100,17 @@ def abstract_batch(
     batch_shardings: dict[str, Any], batch_size: int, seq_len: int
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """ShapeDtypeStructs for a train batch (forward.py's convention) with its shardings."""
-    from dynamo_jax.step.forward import SCALAR_FIELDS
+    from dynamo_jax.step.forward import PROMPT_FIELDS, SCALAR_FIELDS
 
-    ints = ("tokens", "positions", "segment_ids", "sequence_index")
+    ints = ("tokens", "positions", "segment_ids", "sequence_index") + PROMPT_FIELDS
     dtypes = dict.fromkeys(ints, jnp.int32)
     out = {}
     for field, sharding in batch_shardings.items():
-        shape = () if field in SCALAR_FIELDS else (batch_size, seq_len)
+        shape = (batch_size, seq_len)
+        if field in SCALAR_FIELDS:
+            shape = ()
+        elif field in PROMPT_FIELDS:  # one int per row
+            shape = (batch_size,)
         out[field] = jax.ShapeDtypeStruct(shape, dtypes.get(field, jnp.float32), sharding=sharding)
     return out
 
@@ -118,8 +125,10 @@ def plan(
     micro_batches: int = 1,
     device_memory_gb: float = 80.0,
     optimizer_factory: Callable[[], optax.GradientTransformation] = default_optimizer,
+    shared_prompts: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """Compile the train step for this process's devices and return the memory report."""
+    """Compile the train step for this process's devices and return the memory report.
+    `shared_prompts`: `RowLayout.shared_prompts` (train.share_prompts), None for unshared rows."""
     from dynamo_jax.step.state import abstract_train_state
     from dynamo_jax.step.train_step import make_train_step
 
@@ -134,6 +143,7 @@ def plan(
         mesh_cfg.rules,
         batch_size=batch_size,
         micro_batches=micro_batches,
+        shared_prompts=shared_prompts,
     )
     state = abstract_train_state(model_cfg, optimizer)
     batch = abstract_batch(batch_shardings, batch_size, seq_len)
@@ -232,6 +242,7 @@ def run_dry_run(
     device_memory_gb: float = 80.0,
     optimizer_factory: Callable[[], optax.GradientTransformation] = default_optimizer,
     timeout_s: float = 1800.0,
+    shared_prompts: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """`plan(...)` in a subprocess with `num_devices` simulated CPU devices; returns the report.
 
@@ -245,6 +256,7 @@ def run_dry_run(
         micro_batches=micro_batches,
         device_memory_gb=device_memory_gb,
         optimizer_factory=optimizer_factory,
+        shared_prompts=shared_prompts,
     )
     with tempfile.TemporaryDirectory() as tmp:
         request, report = os.path.join(tmp, "request.pkl"), os.path.join(tmp, "report.json")
