@@ -26,8 +26,8 @@ right padding both work; RoPE uses the explicit positions, which restart at 0 fo
 sequence. Segments never see each other, so packed and padded sequences get the same outputs.
 
 `ModelConfig.attention_impl` picks how the masked attention is computed, once, where the model is
-built (`ATTENTION_IMPLS`, models/attention.py): "matmul" (batched matmuls) or `jax.nn.dot_product_attention`
-with implementation "xla" or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16; the
+built (`ATTENTION_IMPLS`, models/attention.py): "matmul" (batched matmuls) or
+`jax.nn.dot_product_attention` with implementation "xla" or "cudnn" (fused flash attention on NVIDIA GPUs, bf16/fp16; the
 causal flag lets it skip the blocks above the diagonal) all build the [B, L, S] mask;
 "blockwise" (models/attention_blockwise.py) computes the same rule per tile from slots and
 segment ids, with memory linear in length; "pallas" (models/attention_pallas.py) is the Pallas
@@ -78,6 +78,10 @@ def _each(fn, x, *more):
     return fn(x, *more)
 
 
+def _constrain_heads(q_BxLxHxE: Array) -> Array:
+    return nn.with_logical_constraint(q_BxLxHxE, ("act_batch", "act_len", "act_heads", None))
+
+
 def _tokens(x_BxLxF: Array) -> Array:
     """[B, L, ...] -> [B·L, F]: the products run on [tokens, features] operands (see `MLP`)."""
     return x_BxLxF.reshape(x_BxLxF.shape[0] * x_BxLxF.shape[1], -1)
@@ -120,7 +124,7 @@ class RMSNorm(nn.Module):
 # RoPE's (cos, ±sin) at each token's position, float32 (`rope_table`): computed once per
 # forward and shared by every layer's queries and keys. Computed inside each layer instead, XLA
 # fused the sin/cos into the per-head fusions of every layer, forward and backward (recomputing
-# them H + K times per layer): ~10% of the small-qwen3 update on XLA:CPU.
+# them H + K times per layer).
 RopeTable = tuple[Array, Array]
 
 
@@ -168,10 +172,7 @@ class Attention(nn.Module):
             q = _each(RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="q_norm"), q)
             k = _each(RMSNorm(cfg.rms_norm_eps, "head_dim", dt, pdt, name="k_norm"), k)
         q, k = _each(rope, q, rope_cs), _each(rope, k, rope_cs)
-        constrain = lambda x: nn.with_logical_constraint(
-            x, ("act_batch", "act_len", "act_heads", None)
-        )  # noqa: E731
-        q = _each(constrain, q)
+        q = _each(_constrain_heads, q)
         if prompt_source_B is not None:
             out = attend_shared(cfg, q, k, v, q_slot_L, q_seg_BxL, kv_seg_BxS, prompt_source_B)
         elif layer_kv is None:
@@ -221,10 +222,11 @@ class _Proj(nn.Module):
 def swiglu(gate_NxF: Array, up_NxF: Array) -> Array:
     """silu(gate) · up, with a backward that keeps only its two inputs.
 
-    Differentiated by JAX, the forward also saved sigmoid(gate) and silu(gate) for the backward:
-    three passes over [tokens, F] writing three arrays on XLA:CPU, memory-bound, ~8 ms a layer
-    at small-qwen3. Here the forward is one pass and the backward recomputes the sigmoid in its
-    own single pass (the same formulas, tests/test_models_qwen.py)."""
+    Differentiated by JAX, the forward wrote σ(gate), silu(gate) and the product in three
+    memory-bound passes over [tokens, F] on XLA:CPU (~8 ms a layer at small-qwen3), two of them
+    kept for the backward. Here XLA keeps σ(gate), which the backward shares, and the product:
+    one pass fewer each way, 3-4% of the small-qwen3 update (the same formulas: the gradient
+    test against torch in tests/test_models_qwen.py)."""
     return gate_NxF * jax.nn.sigmoid(gate_NxF) * up_NxF
 
 
