@@ -11,14 +11,12 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from helpers.step_setups import FAST_COMPILE, grad_recorder, sub_mesh
+from helpers.step_setups import FAST_COMPILE, grad_recorder, rollouts_from_tokens, sub_mesh
 
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.loop import assemble, behaviour_pass
-from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.losses import LossConfig
-from dynamo_jax.models.qwen import forward, positions_from_mask
 from dynamo_jax.sharding.rules import DEFAULT_RULES
 from dynamo_jax.step.forward import make_logprob_fn
 from dynamo_jax.step.state import train_state_from_params
@@ -43,39 +41,13 @@ def group_rollouts(cfg, params, seed=3):
     rng = np.random.default_rng(seed)
     group = np.arange(ROWS) // GROUP
     prompt_len = rng.integers(2, PROMPT_SLOTS, ROWS // GROUP)[group]
-    prompts = rng.integers(1, cfg.vocab_size, (ROWS // GROUP, PROMPT_SLOTS))[group]
+    prompts = rng.integers(1, cfg.vocab_size, (ROWS // GROUP, WIDTH))[group]
     response = rng.integers(1, WIDTH - PROMPT_SLOTS + 1, ROWS)
     length = prompt_len + response
     length[5] = 0
-    slots = np.arange(WIDTH)[None]
-    mask = (slots < length[:, None]).astype(np.int32)
     tokens = rng.integers(1, cfg.vocab_size, (ROWS, WIDTH))
-    in_prompt = slots < prompt_len[:, None]
-    tokens = np.where(in_prompt, np.pad(prompts, ((0, 0), (0, 10))), tokens) * mask
-    tokens = tokens.astype(np.int32)
-    positions = np.asarray(positions_from_mask(mask))
-    loss_mask = ((~in_prompt) & (mask > 0)).astype(np.float32)
-    logits = forward(params, cfg, tokens, positions, mask)
-    logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
-    logp = np.pad(
-        np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0], ((0, 0), (1, 0))
-    )
-    valid = length > 0
-    return RolloutBatch(
-        tokens=tokens,
-        positions=positions,
-        attention_mask=mask,
-        loss_mask=loss_mask,
-        engine_logp=np.zeros_like(loss_mask),
-        valid=valid,
-        prompt_id=np.where(valid, group, -1),
-        response_len=np.where(valid, response, 0).astype(np.int32),
-        stopped=valid,
-        rewards=rng.integers(0, 2, ROWS).astype(np.float32),
-        advantages=(rng.normal(size=ROWS) * valid).astype(np.float32),
-        temperature=0.7,
-        old_logp=((logp + 0.15 * rng.normal(size=logp.shape)) * loss_mask).astype(np.float32),
-    )
+    tokens = np.where(np.arange(WIDTH)[None] < prompt_len[:, None], prompts, tokens)
+    return rollouts_from_tokens(cfg, params, tokens, prompt_len, length, group, rng)[0]
 
 
 def _step(cfg, params, rollouts, layout, loss_cfg):

@@ -86,17 +86,26 @@ def make_rollouts(cfg, params, seed=2):
     response = rng.integers(1, MAX_LEN - prompt + 1)
     length = prompt + response
     length[5] = 0
-    slots = np.arange(MAX_LEN)[None]
+    tokens = rng.integers(1, cfg.vocab_size, (N_SEQ, MAX_LEN))
+    return rollouts_from_tokens(cfg, params, tokens, prompt, length, np.arange(N_SEQ) // 4, rng)
+
+
+def rollouts_from_tokens(cfg, params, tokens, prompt_len, length, prompt_id, rng):
+    """(RolloutBatch, log π, H) of rows of `tokens` holding a prompt of `prompt_len` tokens then
+    its response, `length` real tokens in all (0: an invalid row): random rewards and
+    advantages, and old log-probs near the policy's own (full softmax at T = 0.7)."""
+    rows, width = tokens.shape
+    slots = np.arange(width)[None]
     mask = (slots < length[:, None]).astype(np.int32)
-    tokens = (rng.integers(1, cfg.vocab_size, (N_SEQ, MAX_LEN)) * mask).astype(np.int32)
+    tokens = (tokens * mask).astype(np.int32)
     positions = np.asarray(positions_from_mask(mask))
-    loss_mask = ((slots >= prompt[:, None]) & (mask > 0)).astype(np.float32)
+    loss_mask = ((slots >= prompt_len[:, None]) & (mask > 0)).astype(np.float32)
     logits = forward(params, cfg, tokens, positions, mask)
     logpi = np.asarray(jax.nn.log_softmax(logits / 0.7, axis=-1), np.float64)
     logp = np.take_along_axis(logpi[:, :-1], tokens[:, 1:, None], -1)[..., 0]
     ent = -(np.exp(logpi) * logpi).sum(-1)[:, :-1]
     shift = lambda x: np.pad(x, ((0, 0), (1, 0)))  # token t is scored by slot t - 1
-    old = (shift(logp) + 0.15 * rng.normal(size=(N_SEQ, MAX_LEN))) * loss_mask
+    old = (shift(logp) + 0.15 * rng.normal(size=(rows, width))) * loss_mask
     valid = length > 0
     batch = RolloutBatch(
         tokens=tokens,
@@ -105,11 +114,11 @@ def make_rollouts(cfg, params, seed=2):
         loss_mask=loss_mask,
         engine_logp=np.zeros_like(loss_mask),
         valid=valid,
-        prompt_id=np.where(valid, np.arange(N_SEQ) // 4, -1),
-        response_len=np.where(valid, response, 0).astype(np.int32),
+        prompt_id=np.where(valid, prompt_id, -1),
+        response_len=np.where(valid, length - prompt_len, 0).astype(np.int32),
         stopped=valid,
-        rewards=rng.integers(0, 2, N_SEQ).astype(np.float32),
-        advantages=(rng.normal(size=N_SEQ) * valid).astype(np.float32),
+        rewards=rng.integers(0, 2, rows).astype(np.float32),
+        advantages=(rng.normal(size=rows) * valid).astype(np.float32),
         temperature=0.7,
         old_logp=old.astype(np.float32),
     )
