@@ -41,7 +41,9 @@ def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]
         micro_rows = train.mini_batch_size // train.micro_batches
     shared = {}
     if train.share_prompts:
-        # A micro-batch holds at most the step's prompts (dynamic sampling draws more rounds).
+        # A micro-batch holds at most the step's prompts. Dynamic sampling draws more rounds,
+        # so there the table has room for a prompt per row and the prompts' stream is as long
+        # as the rows' prompt slots: correct, but it saves nothing (docs/algorithm.md).
         groups = micro_rows if train.dynamic_sampling else min(micro_rows, train.prompts_per_step)
         shared = dict(prompt_slots=cfg.data.max_prompt_tokens, prompt_groups=groups)
     layout = functools.partial(
