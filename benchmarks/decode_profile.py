@@ -95,14 +95,14 @@ def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, r
 
 def _cache_parts(cfg, rows: int, total: int, steps: int, repeats: int):
     """The step's two cache-sized parts alone, all layers, per step: attention over the cache
-    (`models/qwen.attend_kv_major`, the cache's own layout) and the cache write, each layer's
+    (`models/attention.attend_kv_major`, the cache's own layout) and the cache write, each layer's
     new slot written in place into its own arrays as `Transformer.extend` does; beside them the
     earlier stacked [Ly, B, S, K, E] cache, sliced per layer then stacked again, which copied
     the whole cache every token."""
     import jax
     import jax.numpy as jnp
 
-    from dynamo_jax.models.qwen import attend_kv_major
+    from dynamo_jax.models.attention import attend_kv_major
 
     layers, kv, e = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     k_cache = tuple(jnp.zeros((rows, kv, e, total)) for _ in range(layers))

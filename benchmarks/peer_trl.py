@@ -56,9 +56,11 @@ class Unavailable(Exception):
 # ----------------------------------------------------------------------------- shapes
 
 
-def shape_config(shape: str, seed: int, steps: int, task: str = "max"):
+def shape_config(
+    shape: str, seed: int, steps: int, task: str = "max", old_logprobs: str = "engine"
+):
     """(ConfigDict, force_length) of a shape: configs/tiny.py's GRPO recipe at that shape, on the
-    synthetic `task` (tiny, small)."""
+    synthetic `task` (tiny, small), π_old from `old_logprobs` (train.old_logp_source)."""
     from configs import tiny
 
     config = tiny.get_config(f"method=grpo,task={task}")
@@ -78,9 +80,13 @@ def shape_config(shape: str, seed: int, steps: int, task: str = "max"):
     config.train.seed = seed
     config.data.seed = seed
     config.train.steps = steps
-    # The project's own setting for on-policy work: the first update's rows get no log-prob
-    # pass (π_old = stop_gradient(π) of that update's forward; RunConfig.first_update_on_policy).
+    # The project's own setting for on-policy work: no log-prob pass that would only recompute
+    # what is known. π_old from the engine: the log-probs it sampled with (same weights, the
+    # batch's temperature, no top-k/top-p) serve every update and no pass runs; from the
+    # trainer: the first update's rows get none (π_old = stop_gradient(π) of that update's
+    # forward). RunConfig.old_logp_from_engine_only / first_update_on_policy.
     config.train.skip_on_policy_logprob_pass = True
+    config.train.old_logp_source = old_logprobs
     # And its shared-prompt forward: each distinct prompt of a mini-batch runs once in the update
     # and the log-prob pass (the same log-probs and gradients; rows unpacked, prompts aligned).
     config.train.packing = False
@@ -190,7 +196,8 @@ def trl_settings(cfg, *, force_length: bool) -> tuple[list[tuple[str, str, str, 
          updates),
         ("train.ppo_epochs", t.ppo_epochs, "num_iterations", t.ppo_epochs),
         ("old log-probs (no-grad pass)",
-         ("none (one update: its own forward)" if cfg.skips_logprob_pass
+         ("none (the engine's sampling log-probs)" if cfg.old_logp_from_engine_only
+          else "none (one update: its own forward)" if cfg.skips_logprob_pass
           else "rows of updates 2.. (update 1: its own forward)" if cfg.first_update_on_policy
           else "every row"),
          "old_per_token_logps",
@@ -275,7 +282,9 @@ def say(obj) -> None:
     sys.stdout.flush()
 
 
-def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str, task: str) -> None:
+def project_worker(
+    shape: str, seed: int, steps: int, tmp: str, reward: str, task: str, old_logprobs: str
+) -> None:
     """The project side: build the run, export its init + the TRL spec, then train on command."""
     from dynamo_jax.config import from_config_dict
     from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
@@ -283,7 +292,7 @@ def project_worker(shape: str, seed: int, steps: int, tmp: str, reward: str, tas
     from dynamo_jax.loop.rl_step import rl_step
     from dynamo_jax.models.fetch import resolve_init
 
-    config, force = shape_config(shape, seed, steps, task)
+    config, force = shape_config(shape, seed, steps, task, old_logprobs)
     cfg = resolve_init(from_config_dict(config))  # smollm2: the wheel's GGUF, converted once
     rows, kwargs = trl_settings(cfg, force_length=force)
     tr = build_trainer(cfg, Path(tmp) / "project")
@@ -405,7 +414,7 @@ def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker
     env, prefix = worker_env(mode)
     me = [sys.executable, str(Path(__file__).resolve()), "--_project_worker", args.shape]
     me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp, "--reward", args.reward]
-    me += ["--task", args.task]
+    me += ["--task", args.task, "--old_logprobs", args.old_logprobs]
     project = Worker("project", prefix + me, env, Path(tmp) / "project.log")
     project.answer()
     spec = json.loads((Path(tmp) / "spec.json").read_text())
@@ -523,6 +532,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="tiny", choices=SHAPES)
     parser.add_argument("--task", default="max", help="the synthetic task of tiny / small")
+    parser.add_argument(
+        "--old_logprobs",
+        default="engine",
+        choices=("engine", "trainer"),
+        help="the project's π_old (train.old_logp_source): the engine's sampling log-probs, no "
+        "pass; or the trainer's pass over the rows of updates 2.. (TRL: a pass over every row)",
+    )
     parser.add_argument("--modes", default="single,all", help="comma list of single | all")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps_per_round", type=int, default=5)
@@ -547,7 +563,13 @@ def main() -> None:
     args = parser.parse_args()
     if args._project_worker:
         return project_worker(
-            args._project_worker, args.seed, args._steps, args._tmp, args.reward, args.task
+            args._project_worker,
+            args.seed,
+            args._steps,
+            args._tmp,
+            args.reward,
+            args.task,
+            args.old_logprobs,
         )
     if not args.trl_python.exists():
         sys.exit(f"peer_trl: {args.trl_python} not found: run `bash scripts/make_trl_venv.sh`")

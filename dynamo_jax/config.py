@@ -98,9 +98,10 @@ class TrainConfig:
     old_logp_source: str = "trainer"  # π_old: "trainer" (generating version's params) | "engine"
     dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, draw more prompts
     max_sampling_rounds: int = 10  # dynamic sampling: rounds per step at most (verl's default)
-    # Skip the log-prob pass where it would only recompute the current policy (the step's first
-    # mini-batch; the whole batch with one update a step): π_old = stop_gradient(π) in that
-    # update instead (RunConfig.first_update_on_policy says when it applies).
+    # Skip the log-prob pass where it would only recompute what is known: with π_old from the
+    # trainer, the step's first mini-batch (the whole batch with one update a step) takes
+    # π_old = stop_gradient(π) of its own update (RunConfig.first_update_on_policy); with π_old
+    # from the engine, no pass runs at all (RunConfig.old_logp_from_engine_only).
     skip_on_policy_logprob_pass: bool = False
     # Run each distinct prompt of a micro-batch once in the update and the log-prob passes (a
     # GRPO group's samples share it; models/qwen.py SharedPrompts): the same log-probs and
@@ -274,9 +275,30 @@ class RunConfig:
         )
 
     @property
+    def old_logp_from_engine_only(self) -> bool:
+        """train.skip_on_policy_logprob_pass with train.old_logp_source='engine': every
+        update's π_old is the engine's log-prob of the token it sampled (the behaviour policy's
+        own, at the batch's temperature, top-k/top-p off), and nothing else reads the trainer's
+        pass (no KL reference, no consumer of its per-token entropy: E3's temperature, DynaMO's
+        entropy factor), so the pass does not run. Staleness, epochs and dynamic sampling do not
+        matter: the engine's log-probs are the sampling policy's in each case. The update's own
+        metrics still report the entropy; the engine-vs-trainer diff is not measured."""
+        t = self.train
+        return (
+            t.skip_on_policy_logprob_pass
+            and t.old_logp_source == "engine"
+            and self.loss.kl == "none"
+            and self.temperature.mode != "e3"
+            and not self.allocation.entropy_factor
+        )
+
+    @property
     def skips_logprob_pass(self) -> bool:
-        """No log-prob pass at all: `first_update_on_policy` with one update a step."""
-        return self.first_update_on_policy and self.updates_per_step == 1
+        """No log-prob pass at all: `old_logp_from_engine_only`, or `first_update_on_policy`
+        with one update a step."""
+        return self.old_logp_from_engine_only or (
+            self.first_update_on_policy and self.updates_per_step == 1
+        )
 
     @property
     def updates_per_step(self) -> int:

@@ -116,6 +116,21 @@ def test_the_task_reaches_the_shape_config():
     assert config.data.synthetic_op == "mixed" and force
 
 
+@pytest.mark.parametrize("source", ["engine", "trainer"])
+def test_the_old_logprobs_setting_reaches_the_run_and_the_table(source):
+    config, force = peer_trl.shape_config("small", 3, 10, old_logprobs=source)
+    cfg = from_config_dict(config)
+    assert cfg.train.old_logp_source == source and cfg.updates_per_step == 2
+    assert (cfg.old_logp_from_engine_only, cfg.first_update_on_policy) == (
+        source == "engine",
+        source == "trainer",
+    )
+    rows, _ = peer_trl.trl_settings(cfg, force_length=force)
+    (row,) = [r for r in rows if r[0].startswith("old log-probs")]
+    want = "engine's sampling log-probs" if source == "engine" else "rows of updates 2.."
+    assert want in row[1] and row[3] == "every row"
+
+
 def test_settings_of_the_smollm2_shape_are_the_real_model_run_in_one_batch():
     from dynamo_jax.config import from_config_dict
 

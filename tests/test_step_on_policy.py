@@ -128,6 +128,23 @@ def test_when_the_pass_is_skipped(changes, skips, first):
     assert (cfg.skips_logprob_pass, cfg.first_update_on_policy) == (skips, first)
 
 
+@pytest.mark.parametrize(
+    "changes, skips",
+    [
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64), True),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=128, ppo_epochs=2), True),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64, max_staleness=1), True),
+        (dict(skip_on_policy_logprob_pass=True, mini_batch_size=64, dynamic_sampling=True), True),
+        (dict(skip_on_policy_logprob_pass=False, mini_batch_size=64), False),
+    ],
+)
+def test_no_pass_when_the_engine_gives_old_logp(changes, skips):
+    """With π_old from the engine, the skip drops the whole pass at any staleness or epochs."""
+    cfg = from_config_dict(_run_config(old_logp_source="engine", **changes))
+    assert (cfg.skips_logprob_pass, cfg.old_logp_from_engine_only) == (skips, skips)
+    assert not cfg.first_update_on_policy
+
+
 def test_not_skipped_when_its_entropy_or_reference_is_used():
     from configs import tiny
 
@@ -140,6 +157,13 @@ def test_not_skipped_when_its_entropy_or_reference_is_used():
         c.loss.kl = "k3"
         c.loss.kl_coef = 0.01
         assert not from_config_dict(c).first_update_on_policy
+    for method in ("e3", "dynamo_entropy"):
+        c = tiny.get_config(f"method={method}")
+        c.train.skip_on_policy_logprob_pass, c.train.old_logp_source = True, "engine"
+        assert not from_config_dict(c).skips_logprob_pass, method
+    c = _run_config(skip_on_policy_logprob_pass=True, old_logp_source="engine")
+    c.loss.kl, c.loss.kl_coef = "k3", 0.01
+    assert not from_config_dict(c).skips_logprob_pass
 
 
 def test_the_pass_over_some_rows_is_the_whole_pass_on_them(tiny3):
@@ -208,3 +232,51 @@ def _final_params(workdir, config):
     from helpers.train_runs import _final_state
 
     return _final_state(workdir, config)[1]
+
+
+def test_a_run_with_the_engines_old_logp_and_no_pass(tmp_path, monkeypatch):
+    """The tiny GRPO config, 2 updates a step, 2 steps, π_old from the engine: with the skip no
+    pass runs and the run is the one with the pass (whose π_old on the trained tokens is the
+    engine's too) to the last bit; against π_old from the trainer's pass, the engine's float32
+    log-probs of the same policy give the same training within the tolerance above."""
+    from dynamo_jax.loop import train
+    from dynamo_jax.reporting.metrics import read_metrics
+
+    passes = []
+    whole_pass = behaviour_pass.old_logprobs
+
+    def spy(batch, logprob, params, ref_params, timings, seqs=None):
+        passes.append(seqs)
+        return whole_pass(batch, logprob, params, ref_params, timings, seqs)
+
+    monkeypatch.setattr(behaviour_pass, "old_logprobs", spy)
+    runs = {}
+    for source, skip in (("trainer", False), ("engine", False), ("engine", True)):
+        config = _run_config(
+            skip_on_policy_logprob_pass=skip, old_logp_source=source, mini_batch_size=64, steps=2
+        )
+        config.logging.progress_bar = config.logging.tensorboard = False
+        config.checkpoint.every_steps = 2
+        config.eval.every_steps = 0
+        cfg = from_config_dict(config)
+        assert cfg.updates_per_step == 2 and cfg.skips_logprob_pass is skip
+        workdir = tmp_path / f"{source}-{skip}"
+        passes.clear()
+        assert train.run(cfg, workdir).exit_code == 0
+        runs[source, skip] = (read_metrics(workdir), len(passes), _final_params(workdir, config))
+    assert [runs[k][1] for k in runs] == [2, 2, 0]  # one pass a step, none with the skip
+    with_pass, without = runs["engine", False], runs["engine", True]
+    for a, b in zip(with_pass[0], without[0]):
+        assert "time/old_logprobs" in a and "time/old_logprobs" not in b
+        for key in ("loss/loss", "loss/grad_norm", "loss/approx_kl_mean", "reward/mean"):
+            assert b[key] == a[key], key
+    for a, b in zip(_leaves(with_pass[2]), _leaves(without[2])):
+        np.testing.assert_array_equal(b, a)
+    trainer = runs["trainer", False]
+    for a, b in zip(trainer[0], without[0]):
+        for key in ("loss/loss", "loss/grad_norm", "reward/mean"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-3, err_msg=key)
+    lr = config.optim.learning_rate
+    for a, b in zip(_leaves(trainer[2]), _leaves(without[2])):
+        assert np.abs(a - b).max() <= 2 * lr
+        assert np.mean(np.abs(a - b) > 0.1 * lr) < 1e-3

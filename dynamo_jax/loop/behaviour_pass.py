@@ -6,7 +6,7 @@ per token at the batch's temperature. `behaviour_logprobs` turns that into the r
 denominator: π_old is the policy that generated the batch (docs/algorithm.md#asynchronous-rollouts), which is the
 trainer's current policy when the batch is on-policy, else the generating version's kept
 parameters, its log-probs saved in a checkpoint, or the engine's own log-probs
-(rollout/pipeline.py says which).
+(rollout/pipeline.py says which). `without_logprob_pass` is the batch of a step that needs no pass.
 """
 
 from __future__ import annotations
@@ -158,6 +158,28 @@ def behaviour_logprobs(
         behaviour, batch.engine_logp, mask
     )
     return dataclasses.replace(batch, old_logp=behaviour), metrics
+
+
+def without_logprob_pass(
+    pipeline: RolloutPipeline,
+    step: int,
+    batch: RolloutBatch,
+    taken: TakenBatch,
+    from_engine: bool,
+) -> tuple[RolloutBatch, dict]:
+    """The batch and log-prob metrics of a step that runs no log-prob pass
+    (RunConfig.skips_logprob_pass): π_old is the engine's log-probs (`from_engine`:
+    RunConfig.old_logp_from_engine_only; 0 off the trained tokens, where it is never read), or
+    NaN placeholders that no update reads (the one update of the step takes
+    stop_gradient(π): RunConfig.first_update_on_policy). The entropy is unknown (NaN), as is
+    the engine-vs-trainer diff; the staleness is still reported where π_old may not be the
+    trainer's own."""
+    unknown = np.full_like(batch.loss_mask, np.nan)
+    old_logp = batch.engine_logp if from_engine else unknown
+    metrics = {}
+    if pipeline.report_behaviour:
+        metrics["rollout/staleness"] = (step - 1) - taken.plan.version
+    return dataclasses.replace(batch, old_logp=old_logp, entropy=unknown), metrics
 
 
 def row_shards(sharding: Any) -> int:

@@ -10,7 +10,8 @@
 5. the trainer computes log-probs (and entropy) at τ with its own forward: π_old when the batch
    is on-policy, else π_old is the behaviour policy (behaviour_pass.py `behaviour_logprobs`);
    with train.skip_on_policy_logprob_pass, not for the first update's sequences, whose update
-   starts from the sampling parameters (RunConfig.first_update_on_policy);
+   starts from the sampling parameters (RunConfig.first_update_on_policy), and not at all when
+   π_old is the engine's own log-probs (RunConfig.old_logp_from_engine_only);
 6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches (`update`);
    (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
    train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
@@ -25,7 +26,6 @@ The run around the steps (checkpoints, evaluation, the failure policy) is train.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Any
@@ -38,7 +38,12 @@ from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch, build_batch
-from dynamo_jax.loop.behaviour_pass import behaviour_logprobs, row_layouts, row_shards
+from dynamo_jax.loop.behaviour_pass import (
+    behaviour_logprobs,
+    row_layouts,
+    row_shards,
+    without_logprob_pass,
+)
 from dynamo_jax.loop.build import Trainer
 from dynamo_jax.loop.generate import Drawn, generate, request, resample, score
 from dynamo_jax.reporting.report import UpdateResult, entropy_mean, step_metrics
@@ -79,13 +84,10 @@ def rl_step(tr: Trainer, step: int) -> dict:
         # never read; their per-token entropy is unknown).
         first = mini_batch_order(cfg, step, batch.rows)[0]
         scored = np.setdiff1d(np.arange(batch.rows), first)
-    if scored is not None and not len(scored):  # one update a step: no pass at all
-        batch = dataclasses.replace(
-            batch,
-            old_logp=np.full_like(batch.loss_mask, np.nan),
-            entropy=np.full_like(batch.loss_mask, np.nan),
+    if cfg.skips_logprob_pass:
+        batch, logp_metrics = without_logprob_pass(
+            tr.pipeline, step, batch, taken, cfg.old_logp_from_engine_only
         )
-        logp_metrics = {}
     else:
         batch, logp_metrics = behaviour_logprobs(
             tr.pipeline,

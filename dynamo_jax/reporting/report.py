@@ -116,7 +116,7 @@ def step_metrics(
     )
     # Current trainer vs engine log-probs of the sampled tokens (rollout/engine_logp_abs_diff:
     # ~0 unless the engine ran other weights or numerics), the staleness and behaviour-policy
-    # figures under lag; none when the log-prob pass was skipped (RunConfig.skips_logprob_pass),
+    # figures under lag; no diff when the log-prob pass was skipped (RunConfig.skips_logprob_pass),
     # over the rows it scored when it left the first update's out (first_update_on_policy).
     metrics.update(logp_metrics)
     if not np.isfinite(metrics["entropy/mean"]) and "loss/entropy_mean" in metrics:
