@@ -194,7 +194,12 @@ def test_remat_policies_give_same_gradients():
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ref)) > 1e-3
     for policy in ("full", "dots_saveable"):
         got = grads(base.replace(remat_policy=policy))
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), ref, got)
+        for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+            # Recomputation changes which ops XLA fuses, so the sums round differently: on a GPU
+            # (full float32 matmuls) entries near 0 moved 3e-4 of themselves, 1e-7 of the leaf's
+            # scale. A dropped or wrong term moves the gradient by far more than 1e-5 of it.
+            scale = float(jnp.abs(a).max())
+            np.testing.assert_allclose(b, a, atol=1e-5 * scale, rtol=1e-5)
 
 
 def test_param_logical_axes_names_and_ranks():
@@ -224,6 +229,8 @@ def test_sharded_init_and_forward_under_logical_rules():
     import flax.linen as nn
     from jax.sharding import Mesh
 
+    if len(jax.devices()) < 8:  # the CPU tests simulate 8 (conftest); one GPU is one
+        pytest.skip("needs 8 devices")
     cfg = get_preset("tiny-qwen3")
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("fsdp", "tensor"))
     rules = (
