@@ -13,7 +13,8 @@ from its config (`trl_settings`; the table is printed with every run). The TRL s
 gives the project's prompt ids. Each side is a worker process kept alive between rounds; the
 rounds alternate (project then TRL, then TRL then project, ...), so load from other work falls
 on both. `--modes single`: every worker pinned to core 0 (taskset) with one thread (OpenMP/BLAS
-threads 1, XLA's Eigen pool off, torch.set_num_threads(1)); `all`: every core and thread.
+threads 1, XLA's Eigen pool off, torch.set_num_threads(1)); `all`: every core and thread, and
+one XLA:CPU device per core, the project's engine decoding on all of them (jax_engine.devices).
 
 Per RL step, both sides split the time into generate (sampling, incl. tokenising/decoding),
 score (the reward), old_logprobs (the behaviour policy's log-probs: the no-grad forward before
@@ -57,10 +58,16 @@ class Unavailable(Exception):
 
 
 def shape_config(
-    shape: str, seed: int, steps: int, task: str = "max", old_logprobs: str = "engine"
+    shape: str,
+    seed: int,
+    steps: int,
+    task: str = "max",
+    old_logprobs: str = "engine",
+    engine_devices: int = 0,
 ):
     """(ConfigDict, force_length) of a shape: configs/tiny.py's GRPO recipe at that shape, on the
-    synthetic `task` (tiny, small), π_old from `old_logprobs` (train.old_logp_source)."""
+    synthetic `task` (tiny, small), π_old from `old_logprobs` (train.old_logp_source), the
+    embedded engine on its own mesh of `engine_devices` (jax_engine.devices; 0 = the trainer's)."""
     from configs import tiny
 
     config = tiny.get_config(f"method=grpo,task={task}")
@@ -87,6 +94,7 @@ def shape_config(
     # forward). RunConfig.old_logp_from_engine_only / first_update_on_policy.
     config.train.skip_on_policy_logprob_pass = True
     config.train.old_logp_source = old_logprobs
+    config.jax_engine.devices = engine_devices
     # And its shared-prompt forward: each distinct prompt of a mini-batch runs once in the update
     # and the log-prob pass (the same log-probs and gradients; rows unpacked, prompts aligned).
     config.train.packing = False
@@ -283,7 +291,14 @@ def say(obj) -> None:
 
 
 def project_worker(
-    shape: str, seed: int, steps: int, tmp: str, reward: str, task: str, old_logprobs: str
+    shape: str,
+    seed: int,
+    steps: int,
+    tmp: str,
+    reward: str,
+    task: str,
+    old_logprobs: str,
+    engine_devices: int,
 ) -> None:
     """The project side: build the run, export its init + the TRL spec, then train on command."""
     from dynamo_jax.config import from_config_dict
@@ -292,7 +307,7 @@ def project_worker(
     from dynamo_jax.loop.rl_step import rl_step
     from dynamo_jax.models.fetch import resolve_init
 
-    config, force = shape_config(shape, seed, steps, task, old_logprobs)
+    config, force = shape_config(shape, seed, steps, task, old_logprobs, engine_devices)
     cfg = resolve_init(from_config_dict(config))  # smollm2: the wheel's GGUF, converted once
     rows, kwargs = trl_settings(cfg, force_length=force)
     tr = build_trainer(cfg, Path(tmp) / "project")
@@ -400,6 +415,11 @@ def worker_env(mode: str) -> tuple[dict, list[str]]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["TOKENIZERS_PARALLELISM"] = "false"
     if mode == "all":
+        # One XLA:CPU device per core: the project's engine decodes on all of them
+        # (jax_engine.devices); its trainer keeps one device, whose ops use every core's thread.
+        env["XLA_FLAGS"] = (
+            env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={os.cpu_count()}"
+        )
         return env, []
     env.update(SINGLE_THREAD_ENV)
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + XLA_ONE_THREAD
@@ -409,12 +429,19 @@ def worker_env(mode: str) -> tuple[dict, list[str]]:
     return env, ["taskset", "-c", "0"]
 
 
+def engine_devices(mode: str) -> int:
+    """The project's jax_engine.devices in thread mode `mode`: every core's device in `all`, the
+    trainer's one-device mesh in `single`."""
+    return os.cpu_count() if mode == "all" else 0
+
+
 def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker, Worker, dict]:
     """The project worker (which writes the spec), then the TRL worker on that spec."""
     env, prefix = worker_env(mode)
     me = [sys.executable, str(Path(__file__).resolve()), "--_project_worker", args.shape]
     me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp, "--reward", args.reward]
     me += ["--task", args.task, "--old_logprobs", args.old_logprobs]
+    me += ["--_engine_devices", str(engine_devices(mode))]
     project = Worker("project", prefix + me, env, Path(tmp) / "project.log")
     project.answer()
     spec = json.loads((Path(tmp) / "spec.json").read_text())
@@ -474,6 +501,8 @@ def report(args, mode: str, got: dict, loads: dict) -> None:
     med = {k: phase_medians(v) for k, v in kept.items()}
     load = {k: f"{_median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for k, v in loads.items()}
     threads = "1 thread on core 0" if mode == "single" else f"all threads ({os.cpu_count()} CPUs)"
+    if engine_devices(mode):
+        threads += f"; the project's engine on {engine_devices(mode)} devices (jax_engine.devices)"
     n = len(kept["project"])
     print(f"\n{args.shape}, {threads}: median s/step over {n} steps after {args.warmup} warm-up "
           f"(rounds of {args.steps_per_round}, interleaved); load avg median (min-max)")  # fmt: skip
@@ -560,6 +589,7 @@ def main() -> None:
     parser.add_argument("--_project_worker", default="", help=argparse.SUPPRESS)
     parser.add_argument("--_steps", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--_tmp", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--_engine_devices", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._project_worker:
         return project_worker(
@@ -570,6 +600,7 @@ def main() -> None:
             args.reward,
             args.task,
             args.old_logprobs,
+            args._engine_devices,
         )
     if not args.trl_python.exists():
         sys.exit(f"peer_trl: {args.trl_python} not found: run `bash scripts/make_trl_venv.sh`")

@@ -143,3 +143,50 @@ def test_missing_checkpoint_is_a_config_error(recorded, tmp_path):
     config.rollout.engine = "vllm"
     with pytest.raises(ConfigError, match="init.checkpoint"):
         factory.build_sidecar_fleet(from_config_dict(config), tmp_path, [])
+
+
+def _engine_cfg(devices):
+    config = tiny.get_config()
+    config.jax_engine.devices = devices
+    return from_config_dict(config)
+
+
+def test_the_embedded_engine_on_its_own_mesh_samples_what_the_shared_one_does(tmp_path):
+    """jax_engine.devices = 2: rows split over two devices, weights replicated on both (copied at
+    every push); the same tokens and log-probs as the engine on the trainer's device."""
+    from dynamo_jax.models.qwen import init_params
+    from dynamo_jax.rollout.protocol import Request, SamplingParams
+
+    cfg = _engine_cfg(2)
+    params = init_params(cfg.model, jax.random.key(0))
+    own = factory.build_engine(cfg, params, None, None, tmp_path)
+    shared = factory.build_engine(_engine_cfg(0), params, None, None, tmp_path)
+    assert own._mesh.devices.size == 2 and own._mesh.shape["data"] == 2 and shared._mesh is None
+    rng = np.random.default_rng(3)
+    reqs = [
+        Request(i, tuple(int(t) for t in rng.integers(3, cfg.model.vocab_size, n)), 3)
+        for i, n in enumerate([4, 9, 6])
+    ]
+    sp = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+    for version in (0, 1):
+        if version:  # a push: new weights reach both devices of the engine's mesh
+            params = jax.tree.map(lambda x: x * 1.5, params)
+            own.update_weights(params, 1)
+            shared.update_weights(params, 1)
+            for leaf, want in zip(jax.tree.leaves(own._params), jax.tree.leaves(params)):
+                assert len(leaf.sharding.device_set) == 2 and leaf.sharding.is_fully_replicated
+                np.testing.assert_array_equal(np.asarray(leaf), np.asarray(want))
+        got, want = own.generate(reqs, sp), shared.generate(reqs, sp)
+        assert len(got) == 9
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a.token_ids, b.token_ids)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+            assert a.weight_version == version
+
+
+def test_more_engine_devices_than_jax_has_is_a_config_error(tmp_path):
+    cfg = _engine_cfg(len(jax.local_devices()) + 1)
+    with pytest.raises(ConfigError, match=r"jax_engine.devices = \d+, but JAX has \d+ local"):
+        factory.build_engine(cfg, {}, None, None, tmp_path)
+    with pytest.raises(ValueError, match="JaxEngineConfig.devices must be an int >= 0"):
+        _engine_cfg(-1)

@@ -184,8 +184,16 @@ class JaxEngineConfig:
     decode_chunk: int = 32  # decode steps per program call between host checks
     compact: bool = True  # gather live rows into a smaller bucket when at most half are running
     cache_dtype: str | None = None  # KV-cache dtype (None = the model's compute dtype)
+    # Devices of the engine's own data-parallel mesh: rows split over the first `devices` local
+    # devices, weights replicated on each (copied there at every push); 0 = the trainer's mesh.
+    # On CPU, with XLA's host device count set to the cores (docs/running.md), each device decodes
+    # its rows on its own thread: XLA:CPU spreads a decode step's small products over its
+    # intra-op threads poorly, so this is how the embedded engine uses every core.
+    devices: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.devices, int) or isinstance(self.devices, bool) or self.devices < 0:
+            raise ValueError(f"JaxEngineConfig.devices must be an int >= 0, got {self.devices!r}")
         validate.positive_ints(
             "JaxEngineConfig", self,
             "min_batch", "max_batch", "min_prompt_len", "min_new_tokens", "decode_chunk",

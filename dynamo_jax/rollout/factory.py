@@ -32,6 +32,8 @@ def build_engine(
     if cfg.rollout.engine == "jax":
         from dynamo_jax.rollout.jax_engine import JaxEngine
 
+        if cfg.jax_engine.devices:
+            mesh, param_shardings = engine_mesh(cfg, params)
         return JaxEngine(
             cfg.model,
             params,
@@ -42,6 +44,30 @@ def build_engine(
         )
     # Weight version 0 is init.checkpoint itself, which is what `params` were loaded from.
     return build_sidecar_fleet(cfg, workdir, trainer_accelerators())
+
+
+def engine_mesh(cfg: RunConfig, params: Any) -> tuple[Any, Any]:
+    """(mesh, parameter shardings) of the embedded engine's own data-parallel mesh
+    (`jax_engine.devices`): the first N local devices on the data axis, every weight replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+
+    n = cfg.jax_engine.devices
+    if jax.process_count() > 1:
+        raise ConfigError(
+            f"jax_engine.devices = {n} runs on one process's devices; with "
+            f"{jax.process_count()} processes leave it 0 (the engine shares the trainer's mesh)"
+        )
+    devices = jax.local_devices()
+    if n > len(devices):
+        raise ConfigError(
+            f"jax_engine.devices = {n}, but JAX has {len(devices)} local device(s) (on CPU: "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts)"
+        )
+    mesh = build_mesh(MeshConfig((n, 1, 1), cfg.mesh.rules), devices[:n])
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return mesh, jax.tree.map(lambda _: replicated, params)
 
 
 def trainer_accelerators() -> list[str]:

@@ -78,6 +78,7 @@ from dynamo_jax.sharding.rules import (
     replicated,
     rule_axes,
 )
+from dynamo_jax.step.xla_options import trainer_compiler_options
 
 Array = jax.Array
 # Fields present in every batch; `ref_logp` is added when the loss has a KL term.
@@ -304,5 +305,6 @@ def make_logprob_fn(
         fn,
         in_shardings=(model_param_shardings(model_cfg, mesh, rules), in_batch),
         out_shardings=(out, out),
+        compiler_options=trainer_compiler_options(mesh),
     )
     return LogprobFn(jitted, dict(in_batch), layout)

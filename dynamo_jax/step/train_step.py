@@ -76,6 +76,7 @@ from dynamo_jax.step.forward import (
     unsplit_micro,
 )
 from dynamo_jax.step.state import TrainState, train_state_shardings
+from dynamo_jax.step.xla_options import trainer_compiler_options
 
 Array = jax.Array
 
@@ -310,5 +311,6 @@ def make_train_step(
         in_shardings=(state_sh, batch_sh),
         out_shardings=(state_sh, replicated(mesh)),
         donate_argnums=0,
+        compiler_options=trainer_compiler_options(mesh),
     )
     return TrainStep(train_step, state_sh, batch_sh)
