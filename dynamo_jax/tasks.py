@@ -19,7 +19,7 @@ import numpy as np
 from dynamo_jax import data
 from dynamo_jax.config import RunConfig
 from dynamo_jax.errors import ConfigError, DataError
-from dynamo_jax.models.tokenizer import stop_token_ids, tokenizer_from_spec
+from dynamo_jax.models.tokenizer import batch_decoder, stop_token_ids, tokenizer_from_spec
 from dynamo_jax.rewards import RewardPool
 from dynamo_jax.rewards.verdict import STATUSES
 from dynamo_jax.rollout.protocol import Completion
@@ -37,6 +37,7 @@ class Task:
     pad_id: int
     seq_len: int  # max prompt tokens + max new tokens: the trainer's fixed row length
     decode: Callable[[Sequence[int]], str]  # token ids → text (for scoring and eval)
+    decode_many: Callable[[Sequence[Sequence[int]]], list[str]]  # the same, for many (scoring)
     scorer: Any  # RewardPool-like: .score(texts, golds) -> list[Verdict]
     make_iterator: Callable[[int, int], Any]  # (seed, batch size) → checkpointable EpochIterator
     eval_rows: list = dataclasses.field(default_factory=list)  # data.Row of the eval problems
@@ -65,7 +66,7 @@ class Task:
     def score_codes(self, completions: Sequence[Completion]) -> tuple[np.ndarray, np.ndarray]:
         """Rewards float32 [n] and verdict status codes int32 [n] (indices into STATUSES): plain
         arrays, so processes that each scored a slice can all-gather them."""
-        texts = [self.decode(c.token_ids) for c in completions]
+        texts = self.decode_many([c.token_ids for c in completions])
         golds = [self._answer_by_id[int(c.prompt_id)] for c in completions]
         # data_source and extra_info: what a user's reward.function receives (verl's signature).
         sources = [self._source_by_id.get(int(c.prompt_id)) for c in completions]
@@ -172,6 +173,7 @@ def build_task(cfg: RunConfig) -> Task:
         pad_id=int(tokenizer.pad_token_id or 0),
         seq_len=cfg.max_seq_len,
         decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+        decode_many=batch_decoder(tokenizer),
         scorer=make_scorer(cfg),
         make_iterator=lambda seed, size: data.EpochIterator(len(prompts.rows), size, seed),
         eval_rows=eval_rows,

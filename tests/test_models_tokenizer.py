@@ -130,3 +130,37 @@ def test_tokenizer_json_the_library_rejects_names_the_directory(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}')
     with pytest.raises(DataError, match=rf"^{tmp_path}: cannot load the tokenizer \("):
         tk.load_tokenizer(tmp_path)
+
+
+def _decode_each(tokenizer, seqs):
+    return [tokenizer.decode(list(s), skip_special_tokens=True) for s in seqs]
+
+
+def test_batch_decoder_gives_what_decode_gives(qwen_tok):
+    """Every sequence's text as transformers' decode gives it: real texts, special tokens among
+    them (skipped), random ids over the whole vocabulary (broken UTF-8 included), empty ones."""
+    import numpy as np
+
+    from dynamo_jax.data.synthetic import synthetic_tokenizer
+
+    rng = np.random.default_rng(0)
+    for tok in (qwen_tok, synthetic_tokenizer()):
+        seqs = [tok.encode(t) for t in TEXTS] + [[]]
+        seqs += [rng.integers(0, len(tok), n).astype(np.int32) for n in (1, 5, 32, 200)]
+        seqs += [np.asarray(tok.encode(TEXTS[4]), np.int64)]
+        decode_many = tk.batch_decoder(tok)
+        assert decode_many(seqs) == _decode_each(tok, seqs)
+        assert decode_many([]) == []
+
+
+def test_batch_decoder_falls_back_to_decode_where_spaces_are_cleaned(qwen_tok):
+    import copy
+
+    cleaning = copy.deepcopy(qwen_tok)
+    cleaning.clean_up_tokenization_spaces = True
+    calls = []
+    real = cleaning.decode
+    cleaning.decode = lambda ids, **kw: calls.append(ids) or real(ids, **kw)
+    seqs = [cleaning.encode(t) for t in TEXTS]
+    assert tk.batch_decoder(cleaning)(seqs) == [real(s, skip_special_tokens=True) for s in seqs]
+    assert len(calls) == len(TEXTS)

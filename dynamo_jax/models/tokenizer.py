@@ -14,9 +14,11 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dynamo_jax.errors import ConfigError, DataError, MissingFileError
 from dynamo_jax.models.config import ModelConfig
@@ -103,6 +105,23 @@ def tokenizer_from_spec(spec: str):
     if not spec:
         raise ConfigError("data.task='math' needs init.tokenizer (an HF tokenizer dir or 'qwen2')")
     return load_tokenizer(spec)
+
+
+def batch_decoder(tokenizer: Any) -> Callable[[Sequence[Sequence[int]]], list[str]]:
+    """Token id sequences → their texts, each exactly `tokenizer.decode(ids,
+    skip_special_tokens=True)`, in one call of the Rust tokenizer where that gives the same
+    text (a fast tokenizer without transformers' clean-up of spaces: Qwen2's, SmolLM2's, the
+    synthetic one). transformers' `decode` first checks every id's type in Python, which was
+    most of the scoring phase at 128 responses of 32 tokens (3 of its 4 microseconds a token)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda seqs: [tokenizer.decode(list(s), skip_special_tokens=True) for s in seqs]
+
+    def decode_batch(seqs: Sequence[Sequence[int]]) -> list[str]:
+        ids = [np.asarray(s, np.int64).tolist() for s in seqs]
+        return backend.decode_batch(ids, skip_special_tokens=True)
+
+    return decode_batch
 
 
 def stop_token_ids(tokenizer) -> tuple[int, ...]:
