@@ -1,13 +1,15 @@
 """XLA compile options of the trainer's programs: the train step and the log-prob pass.
 
 XLA:CPU hands a program's matrix products either to YNNPACK fusions (its default in JAX 0.10)
-or to its Eigen kernels. The trainer's products are large ([tokens, D] by [D, F] and their
-transposes), and with Eigen the small-qwen3 update of benchmarks/peer_trl.py took 1-6% less
-time on one thread and 4% less on two, SmolLM2-135M's 1% less on one (see
-benchmarks/README.md#xla-cpu-matrix-libraries). The embedded engine's decode steps multiply
-128-row blocks, where YNNPACK was 11% faster (SmolLM2: 7%), so its programs keep XLA's
-default. The choice changes no formula, only how the products are blocked: the train step's
-tests hold to their tolerances either way. Other platforms compile with no options.
+or to its own Eigen emitter. The trainer's products are large ([tokens, D] by [D, F] and their
+transposes): with Eigen its step took 3% less time at small-qwen3 on one thread, 2% less on
+two, and 4% less at SmolLM2-135M on one. The embedded engine's decode steps multiply a few rows
+at a time, where YNNPACK took 16% less time at small-qwen3 on two threads and 7% less at
+SmolLM2 on one (5% more at small-qwen3 on one thread), so its programs keep XLA's default.
+`python benchmarks/xla_cpu_dots.py` times both choices on both programs
+(benchmarks/README.md#xla-cpu-matrix-libraries). The choice changes how products are blocked,
+not what they compute: the train step's tests hold to their tolerances either way.
+Other platforms compile with no options.
 """
 
 from __future__ import annotations
