@@ -57,7 +57,9 @@ def train_steps(cfg, batch: int, seq: int, shared) -> dict:
     for name, options in (("ynn", {}), ("eigen", NO_YNN)):
         xla_options._CPU_TRAINER_OPTIONS.clear()
         xla_options._CPU_TRAINER_OPTIONS.update(options)
-        step, state, data = one_device_step(cfg, LossConfig.preset("grpo"), batch, seq, 1e-5, shared)
+        step, state, data = one_device_step(
+            cfg, LossConfig.preset("grpo"), batch, seq, 1e-5, shared
+        )
         holder = {"state": state}
 
         def run(step=step, holder=holder, data=data):
