@@ -290,24 +290,20 @@ def say(obj) -> None:
     sys.stdout.flush()
 
 
-def project_worker(
-    shape: str,
-    seed: int,
-    steps: int,
-    tmp: str,
-    reward: str,
-    task: str,
-    old_logprobs: str,
-    engine_devices: int,
-) -> None:
-    """The project side: build the run, export its init + the TRL spec, then train on command."""
+def project_worker(args) -> None:
+    """The project side (`args`: main's, the worker's own `--_*` ones set): build the run, export
+    its init + the TRL spec, then train on command."""
     from dynamo_jax.config import from_config_dict
     from dynamo_jax.data.synthetic import MAX_RESPONSE_CHARS
     from dynamo_jax.loop.build import build_trainer
     from dynamo_jax.loop.rl_step import rl_step
     from dynamo_jax.models.fetch import resolve_init
 
-    config, force = shape_config(shape, seed, steps, task, old_logprobs, engine_devices)
+    tmp = args._tmp
+    config, force = shape_config(
+        args._project_worker, args.seed, args._steps, args.task, args.old_logprobs,
+        args._engine_devices,
+    )  # fmt: skip
     cfg = resolve_init(from_config_dict(config))  # smollm2: the wheel's GGUF, converted once
     rows, kwargs = trl_settings(cfg, force_length=force)
     tr = build_trainer(cfg, Path(tmp) / "project")
@@ -320,7 +316,9 @@ def project_worker(
         "reward_values": reward_values(cfg.reward),
         "max_response_chars": MAX_RESPONSE_CHARS,
         # the synthetic verdict re-implemented in the TRL worker, else the project's scorer
-        "reward": "synthetic" if cfg.data.task == "synthetic" and reward == "auto" else "project",
+        "reward": "synthetic"
+        if cfg.data.task == "synthetic" and args.reward == "auto"
+        else "project",
         "trl_args": kwargs,
         "settings": rows,
         "force_length": force,
@@ -417,9 +415,8 @@ def worker_env(mode: str) -> tuple[dict, list[str]]:
     if mode == "all":
         # One XLA:CPU device per core: the project's engine decodes on all of them
         # (jax_engine.devices); its trainer keeps one device, whose ops use every core's thread.
-        env["XLA_FLAGS"] = (
-            env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={os.cpu_count()}"
-        )
+        devices = f" --xla_force_host_platform_device_count={engine_devices(mode)}"
+        env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + devices
         return env, []
     env.update(SINGLE_THREAD_ENV)
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + XLA_ONE_THREAD
@@ -592,16 +589,7 @@ def main() -> None:
     parser.add_argument("--_engine_devices", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._project_worker:
-        return project_worker(
-            args._project_worker,
-            args.seed,
-            args._steps,
-            args._tmp,
-            args.reward,
-            args.task,
-            args.old_logprobs,
-            args._engine_devices,
-        )
+        return project_worker(args)
     if not args.trl_python.exists():
         sys.exit(f"peer_trl: {args.trl_python} not found: run `bash scripts/make_trl_venv.sh`")
     if any(m not in ("single", "all") for m in args.modes.split(",")):
