@@ -92,6 +92,11 @@ def test_lagged_batches_are_trained_against_their_behaviour_policy(tmp_path, mon
     # ratio used it, the assertion above would fail by this much.
     assert records[0]["rollout/engine_logp_abs_diff"] < 1e-5
     assert min(r["rollout/engine_logp_abs_diff"] for r in records[1:]) > 1e-3
+    # The max over the trained tokens: the largest |Δ log π| of the batch behind each mean.
+    for r in records:
+        assert r["rollout/engine_logp_abs_diff_max"] >= r["rollout/engine_logp_abs_diff"]
+    assert records[0]["rollout/engine_logp_abs_diff_max"] < 1e-4
+    assert min(r["rollout/engine_logp_abs_diff_max"] for r in records[1:]) > 1e-3
 
 
 def test_engine_log_probs_as_the_behaviour_policy(tmp_path, monkeypatch):

@@ -98,6 +98,11 @@ def _masked_abs_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(diff.mean()) if diff.size else 0.0
 
 
+def _masked_abs_diff_max(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    diff = np.abs(a - b)[mask > 0]
+    return float(diff.max()) if diff.size else 0.0
+
+
 def behaviour_logprobs(
     pipeline: RolloutPipeline,
     step: int,
@@ -127,7 +132,10 @@ def behaviour_logprobs(
     # Current trainer vs engine on the sampled tokens: ~0 when on-policy in float32; grows with
     # staleness (the engine sampled with older weights) and with the engine's numerics.
     metrics = {
-        "rollout/engine_logp_abs_diff": _masked_abs_diff(batch.old_logp, batch.engine_logp, mask)
+        "rollout/engine_logp_abs_diff": _masked_abs_diff(batch.old_logp, batch.engine_logp, mask),
+        "rollout/engine_logp_abs_diff_max": _masked_abs_diff_max(
+            batch.old_logp, batch.engine_logp, mask
+        ),
     }
     version = taken.plan.version
     if not pipeline.report_behaviour:
