@@ -56,7 +56,7 @@ from dynamo_jax.loop.build import Trainer, build_trainer
 from dynamo_jax.loop.rl_step import rl_step
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.reporting.report import timed as _timed
-from dynamo_jax.reporting.summary import RunSummary, Status, format_summary
+from dynamo_jax.reporting.summary import RunSummary, Status, format_summary, summary_values
 from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.rules import replicated
 from dynamo_jax.step.optimizer import make_optimizer
@@ -168,7 +168,12 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
         if primary:
             (workdir / "config.json").write_text(json.dumps(to_json_dict(cfg), indent=1))
             writer = MetricsWriter(
-                workdir, cfg.logging, total_steps=cfg.train.steps, start_step=start
+                workdir,
+                cfg.logging,
+                total_steps=cfg.train.steps,
+                start_step=start,
+                run_name=cfg.name,
+                run_config=to_json_dict(cfg),
             )
         if start < cfg.train.steps and _any_process(stop.requested):
             status, reason = Status.INTERRUPTED, f"{stop.signal_name} before the first step"
@@ -233,7 +238,9 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
             tensorboard=cfg.logging.tensorboard, plots=plots,
         )  # fmt: skip
         if primary and start >= 0:
-            print(format_summary(summary, read_metrics(workdir), OVERALL), flush=True)
+            records = read_metrics(workdir)
+            print(format_summary(summary, records, OVERALL), flush=True)
+            writer.end(summary_values(summary, records, OVERALL), summary.exit_code)
     return summary
 
 

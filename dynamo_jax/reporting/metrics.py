@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from dynamo_jax import validate
+
 METRICS_FILE = "metrics.jsonl"
+WANDB_MODES = ("", "online", "offline", "disabled")  # wandb.init's modes ("" = its default)
 
 # The figures shown on the progress bar, in order, when present.
 _BAR_KEYS = (
@@ -36,6 +39,25 @@ class LoggingConfig:
     tensorboard: bool = True  # also write TensorBoard event files under workdir/tb
     progress_bar: bool = True  # tqdm bar with the key figures
     plots_at_end: bool = True  # write PNG plots into workdir/plots when the run ends
+    # Weights & Biases (reporting/wandb_log.py): on when wandb_project is set. "" entity/mode =
+    # wandb's own default (WANDB_ENTITY, WANDB_MODE); "" run name = the config's `name`.
+    wandb_project: str = ""
+    wandb_entity: str = ""
+    wandb_run_name: str = ""
+    wandb_tags: tuple[str, ...] = ()
+    wandb_mode: str = ""  # "" | "online" | "offline" | "disabled"
+
+    def __post_init__(self):
+        for name in ("wandb_project", "wandb_entity", "wandb_run_name"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"logging.{name} must be a str, got {getattr(self, name)!r}")
+        tags = self.wandb_tags
+        if isinstance(tags, str):
+            tags = (tags,) if tags else ()
+        if not all(isinstance(t, str) and t for t in tags):
+            raise ValueError(f"logging.wandb_tags must be non-empty strings, got {tags!r}")
+        object.__setattr__(self, "wandb_tags", tuple(tags))
+        validate.one_of("logging", "wandb_mode", self.wandb_mode, WANDB_MODES)
 
 
 def _json_value(value: Any) -> Any:
@@ -78,11 +100,31 @@ class MetricsWriter:
     """Appends step records to JSONL and TensorBoard and advances the progress bar."""
 
     def __init__(
-        self, workdir: str | Path, config: LoggingConfig, *, total_steps: int, start_step: int
+        self,
+        workdir: str | Path,
+        config: LoggingConfig,
+        *,
+        total_steps: int,
+        start_step: int,
+        run_name: str = "",
+        run_config: Mapping[str, Any] | None = None,
     ):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._file = (self.workdir / METRICS_FILE).open("a")
+        self._wandb = None
+        if config.wandb_project:
+            from dynamo_jax.reporting.wandb_log import WandbLogger
+
+            self._wandb = WandbLogger(
+                self.workdir,
+                project=config.wandb_project,
+                entity=config.wandb_entity,
+                run_name=config.wandb_run_name or run_name,
+                tags=config.wandb_tags,
+                mode=config.wandb_mode,
+                run_config=run_config,
+            )
         self._tb = None
         if config.tensorboard:
             from tensorboardX import SummaryWriter
@@ -103,6 +145,8 @@ class MetricsWriter:
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(step, record)
         if self._bar is not None:
             shown = {
                 short: f"{record[key]:.3g}"
@@ -120,11 +164,17 @@ class MetricsWriter:
             print(text, flush=True)
 
     def close(self) -> None:
+        """Closes metrics.jsonl, TensorBoard and the bar; a W&B run stays open for `end`."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
+
+    def end(self, summary: Mapping[str, Any], exit_code: int) -> None:
+        """The end-of-run summary into W&B's run summary, and the W&B run finished."""
+        if self._wandb is not None:
+            self._wandb.finish(summary, exit_code)
 
 
 class NullWriter:
@@ -139,3 +189,6 @@ class NullWriter:
 
     def close(self) -> None:
         pass
+
+    def end(self, summary: Mapping[str, Any], exit_code: int) -> None:
+        del summary, exit_code

@@ -174,3 +174,37 @@ def format_summary(s: RunSummary, records: Sequence[dict], eval_group: str) -> s
         out = shlex.quote(str(w / f"hf_step{s.checkpoint_step}"))
         lines.append(f"  {'export':<12} python -m dynamo_jax.export {shlex.quote(str(w))} {out}")
     return "\n".join(lines)
+
+
+def summary_values(s: RunSummary, records: Sequence[dict], eval_group: str) -> dict:
+    """The end of the run as flat values (W&B's run summary, the exported model card): how it
+    ended, how far it got, the reward first → last, the last evaluation's pass@k of every group
+    (`final_eval/<group>/pass@k`, with `final_eval/step`)."""
+    values: dict = {
+        "run/status": s.status.value,
+        "run/exit_code": s.exit_code,
+        "run/last_step": s.last_step,
+        "run/total_steps": s.total_steps,
+        "run/skipped_updates": s.skipped_updates,
+    }
+    if s.reason:
+        values["run/reason"] = s.reason
+    if s.checkpoint_step is not None:
+        values["run/checkpoint_step"] = s.checkpoint_step
+    values.update(final_eval_values(records, eval_group))
+    return values
+
+
+def final_eval_values(records: Sequence[dict], eval_group: str) -> dict:
+    """{"final_eval/step": step, "final_eval/<group>/pass@k": value} of the last evaluation."""
+    after = last_eval(records, eval_group)
+    if after is None:
+        return {}
+    values: dict = {"final_eval/step": after[0]}
+    groups = {m.group(1) for r in records for key in r for m in [_GROUP.match(key)] if m}
+    for group in sorted(groups | {eval_group}):
+        found = last_eval(records, group)
+        if found and found[0] == after[0]:
+            for k, value in found[1].items():
+                values[f"final_eval/{group}/pass@{k}"] = value
+    return values
