@@ -131,6 +131,7 @@ def _rows(cfg: RunConfig, paths: tuple[str, ...]) -> list:
         on_bad_row=d.on_bad_row,
         id_field=d.id_field,
         max_line_bytes=d.max_line_bytes,
+        hub_columns=(d.hub_prompt_column, d.hub_answer_column),
     )[0]
 
 

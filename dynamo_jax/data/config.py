@@ -7,6 +7,7 @@ import dataclasses
 from typing import Literal
 
 from dynamo_jax import validate
+from dynamo_jax.data import hub
 
 # Qwen2.5-Math's chain-of-thought system prompt (its evaluation template "qwen25-math-cot").
 QWEN_MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -30,7 +31,8 @@ class DataConfig:
     """Data for one run.
 
     task="math": rows from `paths` (training) and `eval_paths` (evaluation), verl parquet or
-    JSONL (chosen by extension when format="auto"). task="synthetic": the generated arithmetic
+    JSONL (chosen by extension when format="auto"), or `hf:org/name[:config][@split]` Hub
+    datasets (data/hub.py). task="synthetic": the generated arithmetic
     task of `dynamo_jax.data.synthetic` (fields `synthetic_*`), with its own tokenizer; it uses
     no system prompt, whose words its tiny vocabulary does not have.
     """
@@ -52,6 +54,10 @@ class DataConfig:
     id_field: str = "id"
     # A JSONL line longer than this (bytes) is refused unparsed (a bad row: see on_bad_row).
     max_line_bytes: int = MAX_LINE_BYTES
+    # `hf:` datasets in paths/eval_paths (data/hub.py): the columns holding the prompt and the
+    # answer; "" = the dataset's preset (GSM8K, MATH-500), else "prompt" / "answer".
+    hub_prompt_column: str = ""
+    hub_answer_column: str = ""
     seed: int = 0
     synthetic_op: SyntheticOp = "max"  # the learnable default (see data/synthetic.py)
     synthetic_modulus: int = 5
@@ -76,6 +82,12 @@ class DataConfig:
                 f"got {self.synthetic_modulus}"
             )
         validate.int_at_least("DataConfig", self, "max_line_bytes", 1)
+        for name in ("hub_prompt_column", "hub_answer_column"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"DataConfig.{name} must be a str, got {getattr(self, name)!r}")
+        for spec in self.paths + self.eval_paths:
+            if hub.is_hub_spec(spec):
+                hub.parse_spec(spec)  # a malformed spec fails here, before anything loads
         for name in ("synthetic_num_rows", "seed", "max_train_problems"):
             validate.int_at_least("DataConfig", self, name, 0)
 

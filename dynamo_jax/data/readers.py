@@ -38,6 +38,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dynamo_jax.data import hub
 from dynamo_jax.data.config import MAX_LINE_BYTES
 from dynamo_jax.data.rows import ROLES, Message, Row, content_id, explicit_id
 from dynamo_jax.errors import DataError
@@ -162,7 +163,7 @@ def _parse_parquet_record(record: dict, path: Path) -> tuple:
 def _parse_jsonl_record(record, path: Path) -> tuple:
     if not isinstance(record, dict):
         raise _FieldError("<line>", f"must be a JSON object, got {type(record).__name__}")
-    source = record.get("source", path.stem)
+    source = record.get("source", Path(path).stem)
     source = _string(record, "source", source, allow_empty=False)
     messages = _messages(record.get("prompt"), "prompt")
     gold = _string(record, "answer", record.get("answer"), allow_empty=True)
@@ -314,6 +315,18 @@ def _jsonl_records(
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
+def _hub_records(spec: str, columns: tuple[str, str], id_field: str):
+    """data/hub.py's records, a row's unusable column as the `_FieldError` naming it."""
+    prompt_column, answer_column = columns
+    rows = hub.hub_records(
+        spec, prompt_column=prompt_column, answer_column=answer_column, id_field=id_field
+    )
+    for where, record in rows:
+        if isinstance(record, hub.RowProblem):
+            record = _FieldError(record.column, record.problem)
+        yield where, record
+
+
 class IdAssigner:
     """Stable, unique prompt ids across all files of one dataset (see `rows.content_id`)."""
 
@@ -356,17 +369,24 @@ def read_rows(
     start_index: int = 0,
     ids: IdAssigner | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    hub_columns: tuple[str, str] = ("", ""),
 ) -> tuple[list[Row], LoadReport]:
-    """Rows of one file (dense indices from `start_index`) and what was loaded/skipped."""
-    path = Path(path)
-    if check_regular_file(path).st_size == 0:
-        raise DataError(f"{path}: the file is empty")
-    fmt = detect_format(path, fmt)
-    if fmt == "parquet":
-        records = _parquet_records(path)
+    """Rows of one file, or of an `hf:` Hub dataset (data/hub.py), with dense indices from
+    `start_index`, and what was loaded/skipped. `hub_columns` = (prompt, answer) columns of an
+    `hf:` dataset ("" = its preset's)."""
+    if hub.is_hub_spec(path):
+        records = _hub_records(path, hub_columns, id_field)
+        parse = _parse_jsonl_record
     else:
-        records = _jsonl_records(path, max_line_bytes)
-    parse = _parse_parquet_record if fmt == "parquet" else _parse_jsonl_record
+        path = Path(path)
+        if check_regular_file(path).st_size == 0:
+            raise DataError(f"{path}: the file is empty")
+        fmt = detect_format(path, fmt)
+        if fmt == "parquet":
+            records = _parquet_records(path)
+        else:
+            records = _jsonl_records(path, max_line_bytes)
+        parse = _parse_parquet_record if fmt == "parquet" else _parse_jsonl_record
     ids = ids if ids is not None else IdAssigner()
     report = LoadReport(str(path))
     rows: list[Row] = []
@@ -414,10 +434,16 @@ def load_rows(
     on_bad_row: str = "error",
     id_field: str = "id",
     max_line_bytes: int = MAX_LINE_BYTES,
+    hub_columns: tuple[str, str] = ("", ""),
 ) -> list[Row]:
     """Rows of one file; see `read_rows` for the report of skipped rows."""
     return read_rows(
-        path, fmt=fmt, on_bad_row=on_bad_row, id_field=id_field, max_line_bytes=max_line_bytes
+        path,
+        fmt=fmt,
+        on_bad_row=on_bad_row,
+        id_field=id_field,
+        max_line_bytes=max_line_bytes,
+        hub_columns=hub_columns,
     )[0]
 
 
@@ -428,6 +454,7 @@ def load_files(
     on_bad_row: str = "error",
     id_field: str = "id",
     max_line_bytes: int = MAX_LINE_BYTES,
+    hub_columns: tuple[str, str] = ("", ""),
 ) -> tuple[list[Row], list[LoadReport]]:
     """Rows of several files as one dataset: dense indices and unique ids across the files."""
     ids = IdAssigner()
@@ -442,6 +469,7 @@ def load_files(
             start_index=len(rows),
             ids=ids,
             max_line_bytes=max_line_bytes,
+            hub_columns=hub_columns,
         )
         rows.extend(more)
         reports.append(report)
