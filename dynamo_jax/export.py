@@ -1,11 +1,15 @@
 """Export a run's checkpoint as a Hugging Face directory (config.json + model.safetensors).
 
-    python -m dynamo_jax.export WORKDIR OUT_DIR [--step N] [--dtype bfloat16]
+    python -m dynamo_jax.export WORKDIR OUT_DIR [--step N] [--dtype bfloat16] [--push org/name]
 
 Reads WORKDIR/config.json (written by every run) for the model shape, restores the parameters of
 the latest (or the given) checkpoint step onto this process's default device, and writes a
 directory that `transformers.AutoModelForCausalLM.from_pretrained` loads, with the tokenizer
-files when the run used an HF tokenizer (`init.tokenizer`).
+files when the run used an HF tokenizer (`init.tokenizer`), and a model card (README.md: the
+run's method, its held-out pass@k, the resolved config; export_card.py). `--push org/name`
+then uploads the directory to that Hub model repo (created if absent, `--private` to make it
+private) with `huggingface_hub.HfApi.upload_folder`, authenticated as the library is (HF_TOKEN
+or `hf auth login`); a failed push is one line.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import jax
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, DamagedStepError
 from dynamo_jax.config import RunConfig, from_config_dict
 from dynamo_jax.errors import CheckpointError, UserError
+from dynamo_jax.export_card import check_repo_id, push_to_hub, write_model_card
+from dynamo_jax.reporting.metrics import read_metrics
 
 
 def restore_params(workdir: Path, cfg: RunConfig, step: int | None):
@@ -70,6 +76,7 @@ def export(
         # config.json holds the resolved directory; a Hub id written by hand resolves here.
         tokenizer = tokenizer_from_spec(resolve_checkpoint(cfg.init.tokenizer))
     out = save_hf_checkpoint(params, cfg.model, out_dir, tokenizer=tokenizer, dtype=dtype)
+    write_model_card(Path(out), cfg, step, read_metrics(workdir))
     print(f"exported step {step} of {workdir} to {out}")
     return Path(out)
 
@@ -80,9 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
     parser.add_argument("--dtype", default="bfloat16", help="safetensors dtype")
+    parser.add_argument("--push", metavar="ORG/NAME", default="", help="upload to this Hub repo")
+    parser.add_argument("--private", action="store_true", help="with --push: a private repo")
     args = parser.parse_args(argv)
     try:
-        export(args.workdir, args.out_dir, step=args.step, dtype=args.dtype)
+        if args.push:
+            check_repo_id(args.push)  # before the export's minutes, not after
+        out = export(args.workdir, args.out_dir, step=args.step, dtype=args.dtype)
+        if args.push:
+            url = push_to_hub(out, args.push, private=args.private)
+            print(f"pushed {out} to {url}")
     except UserError as err:  # bad input: one line, no traceback (as launch.py does)
         raise SystemExit(f"error: {err}") from None
 
