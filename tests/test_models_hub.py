@@ -6,14 +6,13 @@ reader (`scan_cache_dir`) before anything of ours reads it; resolution then goes
 `huggingface_hub.snapshot_download` with HF_HUB_OFFLINE=1, as a user's offline run would.
 """
 
-import hashlib
-import os
 from pathlib import Path
 
 import huggingface_hub
 import jax
 import numpy as np
 import pytest
+from helpers.hub_cache import put_in_hub_cache
 from hf_fixtures import make_tiny_hf_checkpoint
 
 from dynamo_jax.errors import MissingFileError
@@ -21,22 +20,6 @@ from dynamo_jax.models import fetch, hf_io, hub
 
 REPO = "tiny-org/tiny-qwen3"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def put_in_hub_cache(cache: Path, repo: str, model_dir: Path, commit: str, ref: str = "main"):
-    """`model_dir`'s files as a downloaded snapshot of `repo` at `commit` (branch `ref`)."""
-    storage = cache / ("models--" + repo.replace("/", "--"))
-    snapshot = storage / "snapshots" / commit
-    (storage / "blobs").mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for file in sorted(model_dir.iterdir()):
-        data = file.read_bytes()
-        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
-    (storage / "refs").mkdir(exist_ok=True)
-    (storage / "refs" / ref).write_text(commit)
-    return snapshot
 
 
 @pytest.fixture

@@ -195,3 +195,27 @@ def test_more_engine_devices_than_jax_has_is_a_config_error(tmp_path):
         factory.build_engine(cfg, {}, None, None, tmp_path)
     with pytest.raises(ValueError, match="JaxEngineConfig.devices must be an int >= 0"):
         _engine_cfg(-1)
+
+
+def test_a_hub_model_id_reaches_the_sidecar_as_its_snapshot(recorded, tmp_path, monkeypatch):
+    """init.checkpoint = "org/name" in a run started from Python (launch.py resolves it before):
+    the sidecar starts from the Hub cache's snapshot, resolved offline by huggingface_hub."""
+    from helpers.hub_cache import put_in_hub_cache
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    snapshot = put_in_hub_cache(tmp_path / "hf" / "hub", "org/tiny", source, "a" * 40)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    config = tiny.get_config()
+    config.rollout.engine = "vllm"
+    config.rollout.sidecar_python = sys.executable
+    config.init.checkpoint = "org/tiny@main"
+    engine = factory.build_sidecar_fleet(from_config_dict(config), tmp_path / "w", [])
+    (sidecar,) = engine.local
+    assert sidecar.config.model_path == str(snapshot)
+    assert sidecar.config.llm_kwargs()["model"] == str(snapshot.resolve())
+    engine.close()
