@@ -185,3 +185,26 @@ def test_specs_are_checked_with_the_config():
     for bad in ("hf:gsm8k", "hf:a/b/c", "hf:a/b@", "hf:a/b:@x"):
         with pytest.raises(ValueError, match="expected 'hf:org/name"):
             DataConfig(task="math", paths=(bad,))
+
+
+def test_a_math_config_reads_hub_specs_with_its_columns(cache, tmp_path):
+    """The config's fields reach the reader: data.eval_paths' hf: specs and hub_*_column."""
+    from configs import math_tiny
+    from dynamo_jax.config import from_config_dict
+    from dynamo_jax.models.tokenizer import tokenizer_from_spec
+    from dynamo_jax.tasks import eval_problems
+
+    rows = [{"q": "What is 6 times 7?", "a": "42"}]
+    cache_hub_dataset(cache, tmp_path, "someone/times", None, {"test": rows})
+    config = math_tiny.get_config()
+    config.data.eval_paths = ("hf:openai/gsm8k@test", "hf:someone/times@test")
+    config.data.hub_prompt_column = "q"
+    with pytest.raises(DataError, match=r"hf:openai/gsm8k@test: no column\(s\) \['q'\]"):
+        eval_problems(from_config_dict(config), tokenizer_from_spec("qwen2"))
+    config.data.eval_paths = ("hf:someone/times@test",)
+    config.data.hub_answer_column = "a"
+    cfg = from_config_dict(config)
+    problems, token_ids = eval_problems(cfg, tokenizer_from_spec(cfg.init.tokenizer))
+    assert [(p.gold, p.source) for p in problems] == [("42", "times")]
+    text = tokenizer_from_spec("qwen2").decode(token_ids[0])
+    assert "What is 6 times 7?" in text and cfg.data.system_prompt in text
