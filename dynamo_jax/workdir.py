@@ -39,6 +39,7 @@ from typing import Any
 
 from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
 from dynamo_jax.config import RENAMED, RunConfig, section_class, to_json_dict
+from dynamo_jax.data.hub import is_hub_spec
 from dynamo_jax.errors import CheckpointError, ConfigError
 from dynamo_jax.sharding import multihost
 
@@ -60,6 +61,8 @@ def check_inputs(cfg: RunConfig) -> None:
     """The files and directories the config names exist (cheap; before anything is built)."""
     for field in ("paths", "eval_paths"):
         for i, path in enumerate(getattr(cfg.data, field)):
+            if is_hub_spec(path):
+                continue  # a Hub dataset: the reader loads it (or says in one line why not)
             if not Path(path).is_file():
                 raise ConfigError(f"config.data.{field}[{i}]: no such file: {path}")
     if cfg.init.checkpoint:
