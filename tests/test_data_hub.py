@@ -16,9 +16,10 @@ from dynamo_jax.data import DataConfig, load_files, read_rows
 from dynamo_jax.data import hub as data_hub
 from dynamo_jax.errors import DataError
 
-datasets = pytest.importorskip("datasets", reason="the [hub] extra is not installed")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before datasets reads it, where it can
+# datasets reads its offline switch once, when first imported (nothing else imports it): set
+# before that, so that load_dataset goes to its cache without trying the Hub first.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+datasets = pytest.importorskip("datasets", reason="the [hub] extra is not installed")
 
 COMMIT = "e53f048856ff4f594e959d75785d2c2d37b678ee"
 GSM8K_TRAIN = [

@@ -68,8 +68,10 @@ class WandbLogger:
         try:
             import wandb
         except ImportError:
-            say("W&B: logging.wandb_project is set but wandb is not installed "
-                "(pip install 'dynamo_jax[wandb]'); not logging to W&B")  # fmt: skip
+            say(
+                "W&B: logging.wandb_project is set but wandb is not installed "
+                "(pip install 'dynamo_jax[wandb]'); not logging to W&B"
+            )
             return
         run_id_ = run_id(workdir)
         try:
@@ -91,8 +93,8 @@ class WandbLogger:
             self.run = None
             return
         if getattr(self.run, "offline", False):
-            say(f"W&B: offline run {run_id_}, files in {Path(self.run.dir).parent}; upload with "
-                f"`wandb sync {Path(self.run.dir).parent}`")  # fmt: skip
+            files = Path(self.run.dir).parent  # the run's directory (run.dir is its files/)
+            say(f"W&B: offline run {run_id_}, files in {files}; upload with `wandb sync {files}`")
 
     def log(self, step: int, record: Mapping[str, Any]) -> None:
         if self.run is None:
