@@ -6,6 +6,8 @@ reader (`scan_cache_dir`) before anything of ours reads it; resolution then goes
 `huggingface_hub.snapshot_download` with HF_HUB_OFFLINE=1, as a user's offline run would.
 """
 
+import json
+import os
 from pathlib import Path
 
 import huggingface_hub
@@ -110,3 +112,46 @@ def test_cache_dir_follows_the_librarys_variables(tmp_path, monkeypatch):
     assert hub.hub_cache_dir() == tmp_path / "h" / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "c"))
     assert hub.hub_cache_dir() == tmp_path / "c"
+
+
+def test_launch_trains_from_a_hub_model_id_offline(tmp_path):
+    """`launch.py --config.init.checkpoint=org/name` with HF_HUB_OFFLINE=1: the run starts from the
+    cached snapshot (config.json records it); a model not in the cache is refused in one line."""
+    from helpers.scripts import ROOT, launch
+    from hf_fixtures import random_flax_params
+
+    from configs import tiny
+    from dynamo_jax.config import from_config_dict
+    from dynamo_jax.reporting.metrics import read_metrics
+
+    model = from_config_dict(tiny.get_config("method=grpo")).model
+    source = hf_io.save_hf_checkpoint(random_flax_params(model, seed=2), model, tmp_path / "src")
+    snapshot = put_in_hub_cache(tmp_path / "hf" / "hub", "tiny-org/tiny-dynamo", source, COMMIT)
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    env.pop("HF_HUB_CACHE", None)
+    args = (
+        f"--config={ROOT / 'configs' / 'tiny.py'}:method=grpo",
+        "--config.train.steps=2",
+        "--config.logging.progress_bar=False",
+        "--config.logging.tensorboard=False",
+        "--config.logging.plots_at_end=False",
+        "--config.eval.every_steps=0",
+    )
+    proc = launch(
+        *args, f"--workdir={tmp_path / 'w'}", "--config.init.checkpoint=tiny-org/tiny-dynamo",
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert saved["init"]["checkpoint"] == str(snapshot)
+    assert [r["step"] for r in read_metrics(tmp_path / "w")] == [1, 2]
+
+    missing = tmp_path / "missing"
+    proc = launch(
+        *args, f"--workdir={missing}", "--config.init.checkpoint=tiny-org/absent", env=env
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: init.checkpoint 'tiny-org/absent': not in the Hub cache")
+    assert "hf download tiny-org/absent" in line
+    assert not missing.exists()
