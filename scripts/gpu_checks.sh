@@ -19,7 +19,8 @@
 # module; XLA's default is 4). JAX's persistent compilation cache lives in OUTDIR/xla_cache:
 # `--cache_from DIR` copies a previous window's cache in first, and at the end the cache is cut to
 # the most recently used entries under $CACHE_MIB MiB (default 59), so it can travel to the next
-# window. Limits per part in seconds: T_RL, T_SUMMARY, T_MFU05, T_MFU15, T_DECODE, T_TESTS.
+# window. Limits per part in seconds: T_RL, T_SUMMARY, T_MFU05, T_MFU15, T_DECODE, T_TESTS
+# (defaults 240, 20, 60, 80, 70, 60: 530 s in all).
 #
 # --smoke: the same parts on the CPU at tiny shapes (configs/tiny.py, tiny presets; neither the
 # second MFU shape nor the tests),
@@ -79,7 +80,7 @@ else
     decode=(--preset qwen2.5-0.5b --batches 64,256 --prompt 128 --new 256)
 fi
 rm -rf "$out/rl_run"
-run rl "${T_RL:-270}" $py launch.py --config="${rl[0]}" --workdir="$out/rl_run" "${quiet[@]}" \
+run rl "${T_RL:-240}" $py launch.py --config="${rl[0]}" --workdir="$out/rl_run" "${quiet[@]}" \
     "${rl[@]:1}"
 rm -rf "$out/rl_run/checkpoints"  # GBs at SmolLM2; the metrics are what the window is for
 run summary "${T_SUMMARY:-20}" $py scripts/run_summary.py "$out/rl_run" --out "$out/summary.json"

@@ -1,13 +1,16 @@
 """Rollout correction in the loop (behaviour_pass.corrected) on the tiny config: the update
 trains on the weights and mask of the trainer's π_old against the engine's log-probs, with
-staleness 1, and with the engine's log-probs made the trainer's exactly it is the plain run."""
+staleness 1 and with the vLLM sidecar (bf16 against the float32 trainer), and with the engine's
+log-probs made the trainer's exactly it is the plain run."""
 
 import dataclasses
+import os
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from helpers.train_runs import _final_state, _short_config
+from helpers.train_runs import ROOT, _final_state, _short_config
 
 from dynamo_jax.config import ConfigError, from_config_dict
 from dynamo_jax.loop import rl_step, train
@@ -101,3 +104,49 @@ def test_engine_equal_to_trainer_trains_as_without_correction(tmp_path, monkeypa
 def test_correction_refuses_to_run_without_the_trainers_logprob_pass(fields):
     with pytest.raises(ConfigError, match="need train.old_logp_source='trainer'"):
         from_config_dict(_config(2, rollout_is="token", **fields))
+
+
+VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not Path(VLLM_PYTHON).is_file(),
+    reason=f"no vLLM venv at {VLLM_PYTHON}: run `bash scripts/make_vllm_venv.sh .venv-vllm`",
+)
+def test_correction_with_the_vllm_sidecar(tmp_path, monkeypatch):
+    """The sidecar in bfloat16 (its default; on CPU too) against the trainer's float32 π_old: a
+    real mismatch (|Δ log π| up to ~5e-2 measured), so the weights and the rejection, computed
+    from the sidecar's own log-probs, are what the update trains on, and the step's metrics
+    are the batch's."""
+    from hf_fixtures import random_flax_params
+
+    from dynamo_jax.models import hf_io
+
+    seen, updates = _capture(monkeypatch)
+    config = _config(2, **CORRECTION)
+    model = from_config_dict(config).model
+    init = hf_io.save_hf_checkpoint(random_flax_params(model, seed=1), model, tmp_path / "hf")
+    config.rollout.engine = "vllm"
+    config.rollout.sidecar_python = VLLM_PYTHON
+    config.init.checkpoint = str(init)
+    train.run(from_config_dict(config), tmp_path / "run")
+    records = read_metrics(tmp_path / "run")
+    assert (tmp_path / "run" / "vllm_sidecar.log").is_file()
+    for step, record in enumerate(records, 1):
+        before, after = seen[step]
+        assert updates[step] is after
+        mask = before.loss_mask > 0
+        log_rho = (before.old_logp - before.engine_logp)[mask].astype(np.float64)
+        assert np.abs(log_rho).max() > 1e-3  # bf16 sampler, float32 trainer
+        expected = np.minimum(np.exp(log_rho), 2.0)
+        np.testing.assert_allclose(after.rollout_is_weight[mask], expected, rtol=1e-5)
+        rejected = np.abs(log_rho) > np.log(1.0005)
+        assert 0 < rejected.mean() < 1
+        np.testing.assert_allclose(
+            record["rollout_corr/rs_masked_frac"], rejected.mean(), rtol=1e-5
+        )
+        np.testing.assert_allclose(
+            record["rollout_corr/is_weight_max"], np.exp(log_rho).max(), rtol=1e-5
+        )
+        np.testing.assert_allclose(record["rollout_corr/kl"], -log_rho.mean(), rtol=1e-3, atol=1e-7)
