@@ -96,7 +96,11 @@ def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float, s
     return step, state, jax.device_put(data)
 
 
-def jax_tokens_per_s(cfg, batch: int, seq: int, iters: int, dtype: str, residual: str) -> float:
+def jax_tokens_per_s(
+    cfg, batch: int, seq: int, iters: int, dtype: str, residual: str, trace: str = ""
+) -> float:
+    """Tokens/s of the timed steps; with `trace`, one more step under the JAX profiler, its
+    trace written there (TensorBoard / Perfetto), outside the timing."""
     import jax
 
     from dynamo_jax.losses.config import LossConfig
@@ -109,7 +113,12 @@ def jax_tokens_per_s(cfg, batch: int, seq: int, iters: int, dtype: str, residual
     for _ in range(iters):
         state, m = step(state, data)
     jax.block_until_ready((state, m))
-    return batch * seq * iters / (time.perf_counter() - t0)
+    tokens_per_s = batch * seq * iters / (time.perf_counter() - t0)
+    if trace:
+        with jax.profiler.trace(trace):
+            state, m = step(state, data)
+            jax.block_until_ready((state, m))
+    return tokens_per_s
 
 
 def torch_tokens_per_s(cfg, batch: int, seq: int, iters: int) -> float:
@@ -187,7 +196,8 @@ def run_shape(preset: str, layers: int | None, batch: int, residuals: list[str],
     head += f"{batch} x {args.seq}): "
     results = []
     for residual in residuals:
-        tps = jax_tokens_per_s(cfg, batch, args.seq, args.iters, args.dtype, residual)
+        trace = args.trace and f"{args.trace}/{preset}-{cfg.num_layers}l-{residual}"
+        tps = jax_tokens_per_s(cfg, batch, args.seq, args.iters, args.dtype, residual, trace)
         results.append((residual, tps))
     torch_tps = torch_tokens_per_s(cfg, batch, args.seq, args.iters) if args.torch else None
     flops_per_token = train_flops_per_token(cfg, args.seq)
@@ -249,6 +259,7 @@ def main() -> None:
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--mfu", action="store_true", help="print model FLOPs utilisation")
     parser.add_argument("--peak_tflops", type=float, default=989.0, help="device peak (H100 bf16)")
+    parser.add_argument("--trace", default="", help="profile one extra JAX step into this dir")
     args = parser.parse_args()
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     presets = args.preset or ["small-qwen3", "qwen2.5-0.5b"]

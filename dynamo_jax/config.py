@@ -21,6 +21,7 @@ from dynamo_jax.checkpoint import CheckpointConfig
 from dynamo_jax.data.config import DataConfig
 from dynamo_jax.errors import ConfigError
 from dynamo_jax.losses.config import LossConfig
+from dynamo_jax.losses.rollout_correction import RolloutCorrection
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.reporting.metrics import LoggingConfig
 from dynamo_jax.rewards.config import RewardConfig
@@ -108,6 +109,24 @@ class TrainConfig:
     # gradients up to summation order, the prompts' compute divided by the group size. Rows then
     # hold one sequence each, prompt right-aligned at data.max_prompt_tokens (packing off).
     share_prompts: bool = False
+    # Rollout correction (docs/algorithm.md#rollout-correction), verl's algorithm.rollout_correction
+    # names: the trainer's π_old against the engine's log-probs of the tokens it sampled.
+    rollout_is: str = "none"  # IS weights: "none" | "token" (truncated IS) | "sequence"
+    rollout_is_threshold: float = 2.0  # the IS weights' upper truncation
+    rollout_rs: str = "none"  # rejection: "none" | "token" | "sequence" | "geometric"
+    rollout_rs_threshold: float = 2.0  # keep ratios <= this ...
+    rollout_rs_threshold_lower: float | None = None  # ... and >= this (None: 1 / the upper)
+
+    @property
+    def rollout_correction(self) -> RolloutCorrection:
+        """The rollout correction as the losses package takes it."""
+        return RolloutCorrection(
+            is_level=self.rollout_is,
+            is_threshold=self.rollout_is_threshold,
+            rs_level=self.rollout_rs,
+            rs_upper=self.rollout_rs_threshold,
+            rs_lower=self.rollout_rs_threshold_lower,
+        )
 
     def __post_init__(self):
         # NumPy's SeedSequence and vLLM's seeding (np.random.seed) take only non-negative seeds
@@ -139,6 +158,17 @@ class TrainConfig:
             raise ValueError(
                 "train.share_prompts needs train.packing = False (each row holds one sequence, "
                 "its prompt right-aligned so that a group's rows share the prompt slots)"
+            )
+        if self.rollout_correction.enabled and (
+            self.old_logp_source != "trainer" or self.skip_on_policy_logprob_pass
+        ):
+            # The weights compare the trainer's π_old with the engine's: without the pass (or
+            # with π_old = the engine's, verl's bypass mode) every weight would be 1.
+            raise ValueError(
+                f"train.rollout_is={self.rollout_is!r} / train.rollout_rs={self.rollout_rs!r} "
+                "weigh the trainer's π_old against the engine's log-probs: they need "
+                "train.old_logp_source='trainer' and train.skip_on_policy_logprob_pass=False "
+                f"(got {self.old_logp_source!r}, {self.skip_on_policy_logprob_pass})"
             )
         if self.dynamic_sampling and self.max_staleness:
             # The extra rounds depend on the first round's rewards, so they could only be sampled

@@ -187,6 +187,8 @@ def policy_loss(inp: dict, cfg):
         noise = np.asarray(inp["noise"], np.float64)  # ties at the cut: smallest noise first
         for b, t in sorted(valid, key=lambda bt: (-cov[bt], noise[bt]))[:k_num]:
             per_tok[b, t] += cfg.kl_cov_coef * abs(log_r[b, t])
+    if inp.get("is_weight") is not None:  # rollout correction: each token's loss reweighted
+        per_tok = per_tok * np.asarray(inp["is_weight"], np.float64)
     groups = (inp.get("group"), inp.get("group_size"))
     loss = _aggregate(per_tok, mask, cfg, groups)
     if cfg.variant == "entropy_loss":
@@ -230,3 +232,43 @@ def seq_weights(groups, mask, width):
     n = {g: sum(1 for b in range(len(groups)) if has[b] and groups[b] == g) for g in set(groups)}
     w = np.array([1.0 / n[g] if has[b] else 0.0 for b, g in enumerate(groups)])
     return np.repeat(w[:, None], width, axis=1)
+
+
+def rollout_correction(old_logp, engine_logp, mask, cfg):
+    """docs/algorithm.md#rollout-correction, sequence by sequence (a row is one): the truncated
+    IS weight per token, the mask less the rejected tokens, and the metrics, from the text."""
+    old, eng = np.asarray(old_logp, np.float64), np.asarray(engine_logp, np.float64)
+    mask = np.asarray(mask, bool)
+    B, L = mask.shape
+    clamp = lambda x: min(max(x, -LOG_RATIO_CLAMP), LOG_RATIO_CLAMP)
+    lower = 1.0 / cfg.rs_upper if cfg.rs_lower is None else cfg.rs_lower
+    weight, keep = np.zeros((B, L)), mask.copy()
+    raw, trunc, rejected, seq_rejected, kl, k3 = [], [], [], 0, [], []
+    for b in range(B):
+        ts = [t for t in range(L) if mask[b, t]]
+        log_rho = {t: clamp(old[b, t] - eng[b, t]) for t in ts}
+        seq = clamp(sum(log_rho.values()))
+        for t in ts:
+            w = math.exp(seq if cfg.is_level == "sequence" else log_rho[t])
+            raw.append(w)
+            trunc.append(w > cfg.is_threshold)
+            weight[b, t] = min(w, cfg.is_threshold) if cfg.is_level != "none" else 1.0
+            kl.append(eng[b, t] - old[b, t])
+            k3.append(math.exp(log_rho[t]) - log_rho[t] - 1.0)
+            stat = {"token": log_rho[t], "sequence": seq,
+                    "geometric": sum(log_rho.values()) / len(ts)}.get(cfg.rs_level)  # fmt: skip
+            if stat is not None and not lower <= math.exp(stat) <= cfg.rs_upper:
+                keep[b, t] = False
+            rejected.append(not keep[b, t])
+        seq_rejected += any(not keep[b, t] for t in ts)
+    if cfg.is_level == "none":
+        weight = np.ones((B, L))
+    n_seqs = max(sum(1 for b in range(B) if mask[b].any()), 1)
+    metrics = {"is_weight_mean": np.mean(raw), "is_weight_max": max(raw),
+               "kl": np.mean(kl), "k3_kl": np.mean(k3)}  # fmt: skip
+    if cfg.is_level != "none":
+        metrics["is_truncated_frac"] = np.mean(trunc)
+    if cfg.rs_level != "none":
+        metrics["rs_masked_frac"] = np.mean(rejected)
+        metrics["rs_seq_masked_frac"] = seq_rejected / n_seqs
+    return weight, keep, metrics

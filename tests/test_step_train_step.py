@@ -431,3 +431,24 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
         np.testing.assert_allclose(x[scored], want[scored], rtol=1e-5, atol=1e-5)
         assert np.all(x[~scored] == 0.0)
     assert got.ref_logp is None
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_rollout_is_weights_scale_each_tokens_policy_gradient(setups, micro_batches):
+    """The step reads `rollout_is_weight` (rollout correction, is_weights=True): a weight of 2
+    on every token doubles the DynaMO loss and its gradient (the modulation does not see it)."""
+    cfg, params, batch = setups["tiny-qwen2"]
+    ref_loss, ref_grads, _, _, _, _ = run_step(setups, "tiny-qwen2", (1, 1, 1))
+    opt = optax.sgd(1.0)
+    step, state_sh, batch_sh = make_train_step(
+        cfg, LOSS_CFG, opt, sub_mesh((1, 1, 1)), DEFAULT_RULES, batch_size=B,
+        micro_batches=micro_batches, is_weights=True,
+    )  # fmt: skip
+    assert "rollout_is_weight" in batch_sh
+    weighted = {**batch, "rollout_is_weight": 2.0 * batch["loss_mask"]}
+    weighted = {k: weighted[k] for k in batch_sh}
+    state = train_state_from_params(params, opt, state_sh)
+    new_state, metrics = step.lower(state, weighted).compile(FAST_COMPILE)(state, weighted)
+    grads = jax.tree.map(lambda p, n: p - np.asarray(n), params, new_state.params)
+    np.testing.assert_allclose(float(metrics["loss"]), 2.0 * ref_loss, rtol=1e-5, atol=1e-5)
+    assert_trees_close(grads, jax.tree.map(lambda g: 2.0 * g, ref_grads), GRAD_TOL)

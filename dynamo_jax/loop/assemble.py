@@ -49,6 +49,8 @@ class RolloutBatch:
     old_logp: np.ndarray | None = None  # float32 [B, L] log π_old at `temperature`
     ref_logp: np.ndarray | None = None  # float32 [B, L] reference policy (KL term only)
     entropy: np.ndarray | None = None  # float32 [B, L] H_t of π_old at `temperature`
+    # float32 [B, L] rollout correction's truncated IS weight (train.rollout_is only)
+    rollout_is_weight: np.ndarray | None = None
 
     @property
     def rows(self) -> int:

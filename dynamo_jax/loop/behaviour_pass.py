@@ -16,12 +16,14 @@ import functools
 import hashlib
 from typing import Any
 
+import jax
 import numpy as np
 
 from dynamo_jax.config import RunConfig
 from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch
+from dynamo_jax.losses import rollout_correction
 from dynamo_jax.reporting.report import timed as _timed
 from dynamo_jax.rollout.pipeline import RolloutPipeline, TakenBatch
 from dynamo_jax.sharding import multihost
@@ -166,6 +168,25 @@ def behaviour_logprobs(
         behaviour, batch.engine_logp, mask
     )
     return dataclasses.replace(batch, old_logp=behaviour), metrics
+
+
+# One compiled program per correction config and batch shape.
+_correct = jax.jit(rollout_correction.correct, static_argnames=("cfg",))
+
+
+def corrected(
+    batch: RolloutBatch, correction: rollout_correction.RolloutCorrection
+) -> tuple[RolloutBatch, dict]:
+    """The batch the update trains on under train.rollout_is / train.rollout_rs, and the
+    correction's metrics (`rollout_corr/...`): `batch.old_logp` (the trainer's π_old, as
+    `behaviour_logprobs` left it) against `batch.engine_logp`, the rejected tokens out of its
+    loss mask, the truncated IS weights in `rollout_is_weight` (losses/rollout_correction.py)."""
+    result = _correct(batch.old_logp, batch.engine_logp, batch.loss_mask, cfg=correction)
+    mask, is_weight, metrics = jax.device_get((result.mask, result.is_weight, result.metrics))
+    out = dataclasses.replace(batch, loss_mask=np.asarray(mask, np.float32))
+    if correction.weights:
+        out = dataclasses.replace(out, rollout_is_weight=np.asarray(is_weight, np.float32))
+    return out, {f"rollout_corr/{k}": float(v) for k, v in metrics.items()}
 
 
 def without_logprob_pass(

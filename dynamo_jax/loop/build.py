@@ -118,6 +118,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         micro_batches=train_layout.max_micro_batches,
         seed=cfg.train.seed,
         shared_prompts=train_layout.shared_prompts,
+        is_weights=cfg.train.rollout_correction.weights,
     )
     if cfg.init.checkpoint:
         from dynamo_jax.models.hf_io import load_hf_checkpoint

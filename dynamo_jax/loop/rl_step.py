@@ -9,6 +9,8 @@
    (assemble.py `build_batch`);
 5. the trainer computes log-probs (and entropy) at τ with its own forward: π_old when the batch
    is on-policy, else π_old is the behaviour policy (behaviour_pass.py `behaviour_logprobs`);
+   with rollout correction, π_old against the engine's log-probs gives the update's IS weights
+   and rejected tokens (behaviour_pass.py `corrected`);
    with train.skip_on_policy_logprob_pass, not for the first update's sequences, whose update
    starts from the sampling parameters (RunConfig.first_update_on_policy), and not at all when
    π_old is the engine's own log-probs (RunConfig.old_logp_from_engine_only);
@@ -40,6 +42,7 @@ from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch, build_batch
 from dynamo_jax.loop.behaviour_pass import (
     behaviour_logprobs,
+    corrected,
     row_layouts,
     row_shards,
     without_logprob_pass,
@@ -100,10 +103,14 @@ def rl_step(tr: Trainer, step: int) -> dict:
             timings,
             scored,
         )
+    trained = batch
+    if cfg.train.rollout_correction.enabled:
+        trained, corr_metrics = corrected(batch, cfg.train.rollout_correction)
+        logp_metrics.update(corr_metrics)
     tr.state, result = update(
         cfg,
         step,
-        batch,
+        trained,
         tr.train_step,
         tr.state,
         timings,

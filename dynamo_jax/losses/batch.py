@@ -35,6 +35,9 @@ class TokenBatch(NamedTuple):
     # f32 [B, L]: the sequence's weight in the step's estimator on each of its tokens (prompt-mean:
     # 1/n_i, n_i its prompt group's size in the step's batch; `assemble.prompt_weights`)
     seq_weight: jax.Array | None = None
+    # f32 [B, L]: rollout correction's truncated IS weight π_old / π_engine (constant;
+    # losses/rollout_correction.py), multiplying each token's policy-gradient loss; None: 1
+    is_weight: jax.Array | None = None
 
 
 class ModStats(NamedTuple):

@@ -133,7 +133,10 @@ def build_loss_fn(cfg: LossConfig) -> LossFn:
         lr = log_ratio(batch.logp, batch.old_logp, mask)
         r = jnp.exp(lr)
         adv_hat, b_comp, b_stab = advantage(batch, stats, cfg)
-        pg_loss = agg(token_loss(batch, stats, adv_hat, r, lr, cfg), mask, stats, cfg)
+        token_pg = token_loss(batch, stats, adv_hat, r, lr, cfg)
+        if batch.is_weight is not None:  # rollout correction: the engine's tokens reweighted
+            token_pg = token_pg * lax.stop_gradient(jnp.asarray(batch.is_weight, jnp.float32))
+        pg_loss = agg(token_pg, mask, stats, cfg)
         parts = {"pg_loss": pg_loss}
         loss = pg_loss
         if variant.extra_loss is not None:

@@ -18,6 +18,9 @@ causality by slot and segment and takes explicit positions:
     seq_weight      f32   [B, L]  the sequence's 1/n_i (n_i: its prompt group's size in the step's
                                   batch) on each of its tokens (only for loss_agg_mode
                                   "prompt-mean"; assemble.prompt_weights)
+    rollout_is_weight f32 [B, L]  rollout correction's truncated IS weight π_old / π_engine of each
+                                  trained token (only with train.rollout_is; a constant factor of
+                                  its policy-gradient loss, losses/rollout_correction.py)
     sequence_index  int32 [B, L]  the token's sequence's index in the mini-batch (only for variants
                                   that draw per-token noise: it keys the noise, step/train_step.py)
     temperature     f32   []      the sampling temperature of this batch (a traced scalar: changing

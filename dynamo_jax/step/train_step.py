@@ -92,12 +92,15 @@ class TrainStep(NamedTuple):
 NOISE_STREAM = 1  # folded into the step key for Clip-Cov's token pick
 
 
-def train_fields(loss_cfg: LossConfig, shared_prompts: bool = False) -> tuple[str, ...]:
+def train_fields(
+    loss_cfg: LossConfig, shared_prompts: bool = False, is_weights: bool = False
+) -> tuple[str, ...]:
     """The batch fields the step reads for this loss (forward.py documents each).
 
     `ref_logp` is needed when the loss has a KL penalty, `sequence_index` when the variant draws
     per-token noise, `seq_weight` under loss_agg_mode "prompt-mean", the prompt table with
-    `shared_prompts`; a variant may ask for more.
+    `shared_prompts`, `rollout_is_weight` with `is_weights` (rollout correction's IS weights);
+    a variant may ask for more.
     """
     variant = registry.get(loss_cfg.variant)
     fields = TRAIN_FIELDS + variant.batch_fields
@@ -109,6 +112,8 @@ def train_fields(loss_cfg: LossConfig, shared_prompts: bool = False) -> tuple[st
         fields += ("seq_weight",)
     if shared_prompts:
         fields += PROMPT_FIELDS
+    if is_weights:
+        fields += ("rollout_is_weight",)
     return fields
 
 
@@ -144,6 +149,7 @@ def _token_batch(
         noise=rows.get("noise"),
         segment_ids=rows["segment_ids"],
         seq_weight=rows.get("seq_weight"),
+        is_weight=rows.get("rollout_is_weight"),
     )
 
 
@@ -245,6 +251,7 @@ def make_train_step(
     block_size: int = DEFAULT_BLOCK_SIZE,
     seed: int = 0,
     shared_prompts: tuple[int, int] | None = None,
+    is_weights: bool = False,
 ) -> TrainStep:
     """Build `train_step(state, batch) -> (state, metrics)`; see the module docstring.
 
@@ -263,6 +270,8 @@ def make_train_step(
     `shared_prompts` = (P prompt slots, G prompts per micro-batch): the batch's rows hold their
     prompts in slots [0, P) and carry the prompt table (forward.py); the forward runs each
     distinct prompt once (`forward.token_stats`). The layout's `RowLayout.shared_prompts`.
+    `is_weights`: the batch carries `rollout_is_weight`, rollout correction's truncated IS weight
+    per token (losses/rollout_correction.py), multiplying its policy-gradient loss.
     """
     if micro_batches < 1 or batch_size % micro_batches:
         raise ValueError(
@@ -272,7 +281,7 @@ def make_train_step(
     micro_rows = batch_size // micro_batches
     batch_sharding(mesh, act_rules, micro_rows, ndim=1)  # clear error if uneven
     state_sh = train_state_shardings(model_cfg, optimizer, mesh, rules)
-    fields = train_fields(loss_cfg, shared_prompts is not None)
+    fields = train_fields(loss_cfg, shared_prompts is not None, is_weights)
     batch_sh = batch_shardings(mesh, act_rules, batch_size, fields)
     forward = functools.partial(
         token_stats,
