@@ -1,7 +1,9 @@
 """The project's docs hold together: every `docs/<page>.md#<anchor>` citation in code, configs,
 tests, benchmarks and docs names a heading that exists (GitHub's anchor rules), every relative
-Markdown link names a file inside the repository, and nothing cites a specification that a clone
-does not have (docs/design.md#tests)."""
+Markdown link names a file inside the repository, nothing cites a specification that a clone
+does not have (docs/design.md#tests), every backticked project name in docs/ resolves to a file,
+a config field or a definition (the rules are above `code_name_problems`), and every formula
+labelled as DynaMO's or E3's cites an equation number."""
 
 from __future__ import annotations
 
