@@ -55,7 +55,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -69,7 +68,16 @@ import orbax.checkpoint as ocp
 from dynamo_jax import validate
 from dynamo_jax.errors import CheckpointError, DiskFullError
 from dynamo_jax.reporting import runlog
-from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabytes, tree_bytes
+from dynamo_jax.reporting.disk_space import (
+    free_bytes,
+    intact_note,
+    is_out_of_space,
+    leaves_bytes,
+    megabytes,
+    remove_partials,
+    steady_state_shortfall,
+    tree_bytes,
+)
 from dynamo_jax.sharding import multihost
 
 log = logging.getLogger(__name__)
@@ -80,7 +88,6 @@ _DAMAGED = re.compile(r"^(\d+)\.damaged-(\d+)$")
 _STEP = re.compile(r"^\d+$")  # orbax's step directory names
 # Directories orbax writes below an item; every other entry must be a regular file.
 _ITEM_DIRS = re.compile(r"^(d|array_metadatas|ocdbt\.process_\d+)$")
-_PARTIAL = ".orbax-checkpoint-tmp"  # orbax writes step N into N.orbax-checkpoint-tmp*, then renames
 # A first save's estimate from the state's bytes: orbax's metadata and OCDBT's index on top.
 _OVERHEAD_FACTOR, _OVERHEAD_BYTES = 1.1, 1 << 18
 
@@ -425,18 +432,14 @@ class Checkpointer:
                 raise
             raise self._out_of_space(f"checkpoint step {step}", err) from err
 
-    # -- disk space ---------------------------------------------------------------------
+    # -- disk space (reporting/disk_space.py) ---------------------------------------------
     def estimate_bytes(self, device: Mapping[str, Any], host: dict) -> int:
         """The disk space the next step will take: the newest committed step's, or (before the
         first save) the state's bytes plus orbax's overhead."""
         steps = self.all_steps()
-        if steps:
-            size = tree_bytes(self.directory / str(steps[-1]))
-            if size:
-                return size
-        leaves = [*jax.tree.leaves(dict(device)), *jax.tree.leaves(host)]
-        raw = sum(int(x.nbytes) if hasattr(x, "nbytes") else np.asarray(x).nbytes for x in leaves)
-        return int(raw * _OVERHEAD_FACTOR) + _OVERHEAD_BYTES
+        size = tree_bytes(self.directory / str(steps[-1])) if steps else 0
+        raw = leaves_bytes([*jax.tree.leaves(dict(device)), *jax.tree.leaves(host)])
+        return size or int(raw * _OVERHEAD_FACTOR) + _OVERHEAD_BYTES
 
     def check_space(self, step: int, device: Mapping[str, Any], host: dict) -> None:
         """Raise `DiskFullError` if step `step` cannot fit in the free space (nothing written);
@@ -447,43 +450,31 @@ class Checkpointer:
                 f"checkpoint step {step} not written: it needs about {megabytes(need)} and "
                 f"{self.directory} has {megabytes(free)} free"
             )
-        kept = len(self.all_steps())
-        # Steady state: max_to_keep steps plus the one written before the oldest is deleted.
-        more = (self.config.max_to_keep + 1 - kept) * need
-        if free < more and not self._space_warned:
+        keep = self.config.max_to_keep
+        short = steady_state_shortfall(free, need, len(self.all_steps()), keep)
+        if short and not self._space_warned:
             self._space_warned = True
             log.warning(
                 "%s has %s free; checkpoint.max_to_keep = %d keeps %d steps of about %s and "
                 "writes one more before it deletes the oldest: %s more than there is. The run "
                 "will stop at a later save (exit 6) unless space is freed or max_to_keep lowered",
-                self.directory, megabytes(free), self.config.max_to_keep,
-                self.config.max_to_keep, megabytes(need), megabytes(more - free),
+                self.directory, megabytes(free), keep, keep, megabytes(need), megabytes(short),
             )  # fmt: skip
 
     def intact_note(self) -> str:
-        """What a disk-full line says about the steps on disk and what to do."""
-        steps = sorted(int(p.name) for p in self.directory.iterdir() if _STEP.match(p.name))
-        where = f"step {steps[-1]} is intact" if steps else "no step was saved yet"
-        return (
-            f"{where}. Free space on that filesystem (or lower checkpoint.max_to_keep), then "
-            "rerun the same command to resume."
-        )
+        return intact_note(self.directory)
 
     def _out_of_space(self, what: str, err: BaseException) -> DiskFullError:
         """The one-line error for a write that ran out of space: orbax's partial step removed
         (earlier steps untouched), its detail in the log file."""
         self._manager_failed = True
-        removed = []
-        if multihost.is_primary():
-            for partial in sorted(self.directory.glob(f"*{_PARTIAL}*")):
-                shutil.rmtree(partial, ignore_errors=True)
-                removed.append(partial.name)
+        removed = remove_partials(self.directory) if multihost.is_primary() else []
         multihost.sync_hosts(f"checkpoint_out_of_space_{what}")
         runlog.append(self.log_file, f"{what}: out of space", err)  # room again: partial gone
         gone = f" (the partial {', '.join(removed)} was removed)" if removed else ""
+        free = megabytes(free_bytes(self.directory))
         return DiskFullError(
-            f"{what} not written: no space left on device, {megabytes(free_bytes(self.directory))}"
-            f" free in {self.directory}{gone}"
+            f"{what} not written: no space left on device, {free} free in {self.directory}{gone}"
         )
 
     # -- restore ------------------------------------------------------------------------

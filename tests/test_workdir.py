@@ -334,6 +334,7 @@ def test_a_workdir_deleted_mid_run_stops_it_in_one_line_within_a_step(tmp_path):
     assert proc.returncode == ExitCode.FAILED, err[-3000:]
     assert "Traceback" not in out + err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "disappeared while the run was using it" in lines[0], err
+    # "disappeared", or "was replaced" when a write in flight (a checkpoint) made it anew
+    assert len(lines) == 1 and "while the run was using it" in lines[0], err
     assert len(noticed) <= 1  # it stopped before the first step after the deletion trained
     print(f"noticed {time.time() - gone_at:.1f} s after the deletion (process exit)")

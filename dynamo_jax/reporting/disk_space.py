@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # What tensorstore's messages carry when the OS said ENOSPC / EDQUOT.
@@ -61,3 +66,39 @@ def is_out_of_space(err: BaseException) -> bool:
 def megabytes(n: int) -> str:
     """`n` bytes as "1.4 MB" (decimal megabytes, as `df -H` shows them)."""
     return f"{n / 1e6:.1f} MB"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+PARTIAL = ".orbax-checkpoint-tmp"  # orbax writes step N into N.orbax-checkpoint-tmp*, then renames
+_STEP = re.compile(r"^\d+$")
+
+
+def leaves_bytes(leaves: list[Any]) -> int:
+    """The bytes of arrays (JAX or NumPy) and scalars."""
+    return sum(int(x.nbytes) if hasattr(x, "nbytes") else np.asarray(x).nbytes for x in leaves)
+
+
+def steady_state_shortfall(free: int, need: int, kept: int, max_to_keep: int) -> int:
+    """Bytes missing for the steps `max_to_keep` keeps plus the one orbax writes before it
+    deletes the oldest, each of `need` bytes, `kept` of them on disk already (0: they fit)."""
+    return max(0, (max_to_keep + 1 - kept) * need - free)
+
+
+def remove_partials(directory: Path) -> list[str]:
+    """Delete orbax's uncommitted step directories in `directory`; returns their names."""
+    removed = []
+    for partial in sorted(Path(directory).glob(f"*{PARTIAL}*")):
+        shutil.rmtree(partial, ignore_errors=True)
+        removed.append(partial.name)
+    return removed
+
+
+def intact_note(directory: Path) -> str:
+    """What a disk-full line says about the committed steps in `directory` and what to do."""
+    steps = sorted(int(p.name) for p in Path(directory).iterdir() if _STEP.match(p.name))
+    where = f"step {steps[-1]} is intact" if steps else "no step was saved yet"
+    return (
+        f"{where}. Free space on that filesystem (or lower checkpoint.max_to_keep), then rerun "
+        "the same command to resume."
+    )
