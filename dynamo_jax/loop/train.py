@@ -177,6 +177,7 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
     writer: Any = NullWriter()
     start = done = -1  # -1 until the restore: no summary for a run that never started
     status, reason = Status.FINISHED, ""
+    started_in = run_dir.identity(workdir)  # checked each step: a workdir deleted mid-run
     try:
         start = done = _restore(tr, ckpt, workdir)
         if primary:
@@ -192,7 +193,6 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
             with _timed(before, "eval"):
                 before.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, 0))
             writer.write(0, before, advance=False)
-        started_in = run_dir.identity(workdir)
         for step in range(start + 1, cfg.train.steps + 1):
             if status is not Status.FINISHED:
                 break
@@ -234,6 +234,9 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
         raise RunFailedError(f"step {done + 1}: {err}") from err
     except Exception as err:  # reported in the summary, then raised as it was
         status, reason = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        gone = run_dir.check_still_there(workdir, started_in)
+        if gone is not None:  # deleted while a write (a checkpoint) was in flight: one line
+            raise RunFailedError(f"step {done + 1}: {gone}") from err
         if is_out_of_space(err):  # a write of the loop's own (config.json): one line too
             what = getattr(err, "filename", None) or f"a file in {workdir}"
             free = megabytes(free_bytes(workdir))
