@@ -36,7 +36,15 @@ saves that step). A writable checkpointer moves such steps aside before it opens
 a read-only one leaves them and skips them. The step recorded in `meta` must equal the step's
 name: a whole step copied or renamed to another number is damage too. Library log records
 (orbax's asynchronous tracebacks) go to the log file given (the workdir's run.log), not the
-console, while steps are read (reporting/runlog.py).
+console, while steps are read or written (reporting/runlog.py).
+
+Disk space: before each save, the step's size is estimated (the newest committed step's, or the
+state's bytes before the first) and checked against the free space: a save that cannot fit
+raises `DiskFullError` (exit 6) before anything is written, and one warning says when the steps
+`max_to_keep` keeps (plus the one orbax writes before it deletes the oldest) will not fit. A
+save that runs out of space anyway (another writer filled the disk) raises the same one-line
+error: the partial `<step>.orbax-checkpoint-tmp*` is removed, earlier steps are not touched,
+and orbax's tracebacks go to the log file.
 """
 
 from __future__ import annotations
@@ -58,8 +66,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dynamo_jax import validate
-from dynamo_jax.errors import CheckpointError
+from dynamo_jax.errors import CheckpointError, DiskFullError
 from dynamo_jax.reporting import runlog
+from dynamo_jax.reporting.disk_space import (
+    free_bytes,
+    intact_note,
+    is_out_of_space,
+    leaves_bytes,
+    megabytes,
+    remove_partials,
+    steady_state_shortfall,
+    tree_bytes,
+)
 from dynamo_jax.sharding import multihost
 
 log = logging.getLogger(__name__)
@@ -70,6 +88,8 @@ _DAMAGED = re.compile(r"^(\d+)\.damaged-(\d+)$")
 _STEP = re.compile(r"^\d+$")  # orbax's step directory names
 # Directories orbax writes below an item; every other entry must be a regular file.
 _ITEM_DIRS = re.compile(r"^(d|array_metadatas|ocdbt\.process_\d+)$")
+# A first save's estimate from the state's bytes: orbax's metadata and OCDBT's index on top.
+_OVERHEAD_FACTOR, _OVERHEAD_BYTES = 1.1, 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +328,8 @@ class Checkpointer:
         self.config = config
         self.read_only = read_only
         self.log_file = Path(log_file) if log_file is not None else None
+        self._space_warned = False
+        self._manager_failed = False  # a save ran out of space: closing may raise its leftovers
         if read_only and not self.directory.is_dir():
             raise CheckpointError(f"{self.directory}: no checkpoint directory")
         # Steps orbax must never open (it reads every step's metadata when it opens the
@@ -400,8 +422,60 @@ class Checkpointer:
         items[HOST] = ocp.args.StandardSave(host)
         # The step is recorded inside the checkpoint: a step copied or renamed is then damage.
         items[META] = ocp.args.JsonSave({**meta, "step": int(step), "checksums": checksums})
-        # force=True: the caller decides when to save (every M steps, at the end, on Ctrl-C).
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self.check_space(step, device, host)
+        try:
+            with runlog.library_detail_to(self.log_file):  # orbax's tracebacks of a failed write
+                # force=True: the caller decides when to save (every M steps, at the end, Ctrl-C).
+                self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        except Exception as err:
+            if not is_out_of_space(err):
+                raise
+            raise self._out_of_space(f"checkpoint step {step}", err) from err
+
+    # -- disk space (reporting/disk_space.py) ---------------------------------------------
+    def estimate_bytes(self, device: Mapping[str, Any], host: dict) -> int:
+        """The disk space the next step will take: the newest committed step's, or (before the
+        first save) the state's bytes plus orbax's overhead."""
+        steps = self.all_steps()
+        size = tree_bytes(self.directory / str(steps[-1])) if steps else 0
+        raw = leaves_bytes([*jax.tree.leaves(dict(device)), *jax.tree.leaves(host)])
+        return size or int(raw * _OVERHEAD_FACTOR) + _OVERHEAD_BYTES
+
+    def check_space(self, step: int, device: Mapping[str, Any], host: dict) -> None:
+        """Raise `DiskFullError` if step `step` cannot fit in the free space (nothing written);
+        warn (once) when the steps `max_to_keep` keeps will not fit as the run goes on."""
+        need, free = self.estimate_bytes(device, host), free_bytes(self.directory)
+        if free < need:
+            raise DiskFullError(
+                f"checkpoint step {step} not written: it needs about {megabytes(need)} and "
+                f"{self.directory} has {megabytes(free)} free"
+            )
+        keep = self.config.max_to_keep
+        short = steady_state_shortfall(free, need, len(self.all_steps()), keep)
+        if short and not self._space_warned:
+            self._space_warned = True
+            log.warning(
+                "%s has %s free; checkpoint.max_to_keep = %d keeps %d steps of about %s and "
+                "writes one more before it deletes the oldest: %s more than there is. The run "
+                "will stop at a later save (exit 6) unless space is freed or max_to_keep lowered",
+                self.directory, megabytes(free), keep, keep, megabytes(need), megabytes(short),
+            )  # fmt: skip
+
+    def intact_note(self) -> str:
+        return intact_note(self.directory)
+
+    def _out_of_space(self, what: str, err: BaseException) -> DiskFullError:
+        """The one-line error for a write that ran out of space: orbax's partial step removed
+        (earlier steps untouched), its detail in the log file."""
+        self._manager_failed = True
+        removed = remove_partials(self.directory) if multihost.is_primary() else []
+        multihost.sync_hosts(f"checkpoint_out_of_space_{what}")
+        runlog.append(self.log_file, f"{what}: out of space", err)  # room again: partial gone
+        gone = f" (the partial {', '.join(removed)} was removed)" if removed else ""
+        free = megabytes(free_bytes(self.directory))
+        return DiskFullError(
+            f"{what} not written: no space left on device, {free} free in {self.directory}{gone}"
+        )
 
     # -- restore ------------------------------------------------------------------------
     def read_meta(self, step: int) -> dict:
@@ -548,12 +622,27 @@ class Checkpointer:
         return target
 
     def wait(self) -> None:
-        """Block until an async save has been committed."""
-        self._manager.wait_until_finished()
+        """Block until an async save has been committed (`DiskFullError` if it ran out of
+        space)."""
+        try:
+            with runlog.library_detail_to(self.log_file):
+                self._manager.wait_until_finished()
+        except Exception as err:
+            if not is_out_of_space(err):
+                raise
+            raise self._out_of_space("an asynchronous checkpoint save", err) from err
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Wait for a pending save and close; after a save that ran out of space, what orbax
+        raises while closing goes to the log file (the run already said what happened)."""
+        try:
+            with runlog.library_detail_to(self.log_file):
+                self._manager.wait_until_finished()
+                self._manager.close()
+        except Exception as err:
+            if not self._manager_failed and not is_out_of_space(err):
+                raise
+            runlog.append(self.log_file, "closing the checkpointer after a failed save", err)
 
 
 def _any_process(flag: bool) -> bool:

@@ -14,6 +14,9 @@ runs every row):
                    (the last finite state is the newest checkpoint)
     5 ABORTED      a second SIGTERM/Ctrl-C: stopped at once, the step in flight is lost; rerun
                    to resume from the newest checkpoint
+    6 NO_SPACE     the workdir's filesystem is full (or too full for the next checkpoint): one
+                   line says what was not written, the free space and the intact step; free
+                   space and rerun to resume
 
 `launch.py` prints a `UserError` as one or two plain lines (what is wrong, naming the field,
 file, row or checkpoint) and exits with its `exit_code`; anything else is a bug and keeps its
@@ -35,6 +38,7 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 3
     NONFINITE = 4
     ABORTED = 5
+    NO_SPACE = 6
 
 
 class UserError(Exception):
@@ -55,6 +59,10 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint or workdir cannot be used as asked; the message names the directory."""
 
 
+class WorkdirInUseError(CheckpointError):
+    """Another run holds the workdir's lock; the message names its pid, host and start time."""
+
+
 class SidecarError(UserError, RuntimeError):
     """A rollout sidecar could not start or serve; the message names the sidecar and its log."""
 
@@ -68,3 +76,10 @@ class RunFailedError(UserError, RuntimeError):
     became unreadable): one line like a `UserError`, but the run had begun, so FAILED."""
 
     exit_code = ExitCode.FAILED
+
+
+class DiskFullError(UserError, OSError):
+    """The workdir's filesystem has no room for a checkpoint, a metrics record or a TensorBoard
+    event: the message says what was not written, the free space, and which step is intact."""
+
+    exit_code = ExitCode.NO_SPACE

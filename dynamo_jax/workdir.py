@@ -7,6 +7,22 @@ that leaves nothing behind and never erases a previous run:
   can continue; `restore_latest` applies the same rule (`check_fits`) to each step it considers.
 - `move_previous_run` (launch.py --start_over): the previous run's outputs move into
   `workdir/previous-<n>/` and training starts from step 0. Nothing is ever deleted.
+- `lock_workdir`: one run per workdir (below).
+
+One run per workdir. Two runs writing one workdir would each take the other's fresh checkpoints
+for damage and move them aside. `prepare` therefore takes an advisory lock, `fcntl.flock` on
+`workdir/run.lock`, before it looks at the checkpoints, and the run holds it until it ends. A
+second run on a locked workdir is refused (exit 2) with one line naming the holder's pid, host
+and start time (written into the lock file by the holder). The kernel drops a flock when the
+last descriptor of the open file is closed, i.e. when the holder exits however it exits
+(kill -9 included), so a stale lock never blocks a rerun: the file stays, its lock does not.
+In a multi-process run only process 0 takes the lock (its holder line names process 0's host);
+every process learns the outcome through an all-gather and refuses together. On a shared
+filesystem this relies on the filesystem carrying flock between hosts: Linux NFS clients
+(2.6.12 on) emulate flock with NFS byte-range locks, which NFSv4 servers honour across
+clients (NFSv3 needs lockd running); Lustre does only with the `flock` mount option
+(`localflock` locks per client), and some FUSE filesystems not at all. Where it does not, two
+launches on different hosts are not kept apart: use one scheduler job per workdir.
 
 The resume rule. A checkpoint stores its run's resolved config. A difference in a field that
 changes what the saved state means blocks the resume (`BLOCKING`, minus `ALLOWED`):
@@ -31,16 +47,22 @@ the field it was renamed to.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import fcntl
 import json
 import logging
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
 from dynamo_jax.config import RENAMED, RunConfig, section_class, to_json_dict
 from dynamo_jax.data.hub import is_hub_spec
-from dynamo_jax.errors import CheckpointError, ConfigError
+from dynamo_jax.errors import CheckpointError, ConfigError, WorkdirInUseError
 from dynamo_jax.sharding import multihost
 
 log = logging.getLogger(__name__)
@@ -48,6 +70,7 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 # library detail kept off the console (reporting/runlog.py), e.g. orbax's tracebacks
 LOG = "run.log"
+LOCK = "run.lock"  # one run per workdir (the module docstring); never moved or deleted
 # What a run writes into its workdir (moved, never deleted, by `move_previous_run`).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "plots", "config.json")
 
@@ -204,19 +227,128 @@ def check_resumable(workdir: Path, cfg: RunConfig) -> None:
         ckpt.close()
 
 
-def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> None:
-    """Everything `loop.train.run` checks before it builds anything: `check_inputs`, then
-    `move_previous_run` if asked to start over (and says where it went), else `check_resumable`."""
+def prepare(workdir: Path, cfg: RunConfig, *, start_over: bool) -> WorkdirLock:
+    """Everything `loop.train.run` checks before it builds anything: `check_inputs`, the workdir
+    lock (`lock_workdir`), then `move_previous_run` if asked to start over (and says where it
+    went), else `check_resumable`. Returns the lock: the caller releases it when the run ends."""
     check_inputs(cfg)
     if Path(workdir).exists() and not Path(workdir).is_dir():
         raise ConfigError(f"--workdir {workdir}: exists and is not a directory")
     make_workdir(Path(workdir))
-    if not start_over:
-        check_resumable(workdir, cfg)
-        return
-    moved = move_previous_run(workdir)
-    if moved and multihost.is_primary():
-        print(f"moved the previous run in {workdir} to {moved}", flush=True)
+    lock = lock_workdir(Path(workdir))
+    try:
+        if not start_over:
+            check_resumable(workdir, cfg)
+            return lock
+        moved = move_previous_run(workdir)
+        if moved and multihost.is_primary():
+            print(f"moved the previous run in {workdir} to {moved}", flush=True)
+        return lock
+    except BaseException:
+        lock.release()
+        raise
+
+
+@dataclasses.dataclass(frozen=True)
+class LockHolder:
+    """Who holds a workdir's lock, as its holder wrote it into the lock file."""
+
+    pid: int
+    host: str
+    started: str  # UTC, ISO 8601 to the second
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}, started {self.started}"
+
+
+class WorkdirLock:
+    """The held lock of a workdir (`lock_workdir`); `release` is idempotent. `fd` is None on
+    the processes other than 0 of a multi-process run, which hold nothing."""
+
+    def __init__(self, path: Path, fd: int | None):
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor drops the flock
+            self.fd = None
+
+
+def _read_holder(path: Path) -> LockHolder | None:
+    """The holder line of lock file `path`; None if it cannot be read or is not yet written
+    (the holder writes it just after it takes the lock)."""
+    for _ in range(20):
+        try:
+            fields = json.loads(path.read_text())
+            return LockHolder(int(fields["pid"]), str(fields["host"]), str(fields["started"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.05)
+    return None
+
+
+def _try_lock(path: Path) -> int | None:
+    """The descriptor of `path` with an exclusive flock taken, or None if another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    return fd
+
+
+def lock_workdir(workdir: Path) -> WorkdirLock:
+    """Take `workdir`'s lock for this run (process 0 only; every process calls this), or raise
+    `WorkdirInUseError` naming the holder. A filesystem that refuses locks is a `ConfigError`."""
+    path = Path(workdir) / LOCK
+    fd, failure = None, ""
+    if multihost.is_primary():
+        try:
+            fd = _try_lock(path)
+        except OSError as err:  # e.g. a filesystem without lock support (ENOLCK)
+            failure = f"--workdir {workdir}: cannot lock {path} ({err.strerror or err})"
+    refused = np.asarray([fd is None and multihost.is_primary(), bool(failure)])
+    refused = multihost.allgather_host(refused).any(axis=0)  # what process 0 found
+    if refused[1]:
+        raise ConfigError(failure or f"--workdir {workdir}: process 0 could not lock {path}")
+    if refused[0]:
+        holder = _read_holder(path)
+        who = holder.describe() if holder else "a process that has not said who it is"
+        raise WorkdirInUseError(
+            f"--workdir {workdir} is in use by another run: {who} (lock {path}). Wait for it to "
+            "end or stop it, or use another --workdir."
+        )
+    return WorkdirLock(path, fd)
+
+
+def identity(workdir: Path) -> tuple[int, int] | None:
+    """(device, inode) of `workdir`, None if it is not there: the directory the run started in."""
+    try:
+        st = os.stat(workdir)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_still_there(workdir: Path, started_in: tuple[int, int] | None) -> str | None:
+    """None while `workdir` is the directory the run started in (one stat); else why not. A
+    workdir deleted, unmounted or replaced mid-run would otherwise go unnoticed until the next
+    checkpoint (open files keep writing into the deleted directory)."""
+    now = identity(workdir)
+    if now == started_in:
+        return None
+    what = "disappeared" if now is None else "was replaced by another directory"
+    return (
+        f"--workdir {workdir} {what} while the run was using it: nothing more can be saved "
+        "there. Restore it (its checkpoints) and rerun the same command to resume."
+    )
 
 
 def make_workdir(workdir: Path) -> None:

@@ -3,6 +3,7 @@
 
     python tests/kill_worker.py TIMELINE KILL LAUNCH_ARGS...
     KILL_WORKER_RAISE=SidecarError:2 python tests/kill_worker.py ...   (a fault, not a kill)
+    KILL_WORKER_FILL=6:PATH python tests/kill_worker.py ...   (another writer fills the disk)
 
 Appends one JSON line per event to TIMELINE: {"event", "index", "t"} for step_begin/step_end
 (index = the step), save_begin/save_end (index = the checkpoint step; end = committed),
@@ -11,7 +12,9 @@ closed (the checkpointer closed after the last save). KILL is "none" or "EVENT:I
 SIGKILL this process DELAY seconds after that event, from a timer thread, whatever it is doing
 then (compiling, mid-step, writing a checkpoint), or at the end of that phase (step_end,
 save_end) if it ends first, so every planned kill lands inside its phase. `install` records
-the timeline inside a test process too (the uninterrupted reference run).
+the timeline inside a test process too (the uninterrupted reference run). KILL_WORKER_FILL
+writes the file PATH until its filesystem is full just after the free-space check of the save of
+that step passed, so the save itself runs out of space (the disk-full tests).
 """
 
 import json
@@ -87,10 +90,36 @@ def install(timeline: Path, kill: str, patch=None) -> None:
         event("committed", step)  # orbax deletes the steps beyond max_to_keep right after
         return out
 
+    fill = os.environ.get("KILL_WORKER_FILL", "")
+    real_check_space = Checkpointer.check_space
+
+    def check_space(self, step, device, host):
+        real_check_space(self, step, device, host)
+        if fill and int(fill.split(":", 1)[0]) == step:
+            _fill(Path(fill.split(":", 1)[1]))
+
+    patch(Checkpointer, "check_space", check_space)
     patch(train, "rl_step", rl_step)
     patch(Checkpointer, "save", save)
     patch(Checkpointer, "close", close)
     patch(ocp.CheckpointManager, "_finalize_checkpoint", finalize_checkpoint)
+
+
+def _fill(path: Path) -> None:
+    """Write `path` until its filesystem has no room left (ENOSPC), keeping what was written."""
+    import errno
+
+    with open(path, "ab", buffering=0) as f:
+        block = b"\0" * 65536
+        while True:
+            try:
+                f.write(block)
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    raise
+                if len(block) == 1:
+                    return
+                block = block[: len(block) // 2]
 
 
 def main() -> None:

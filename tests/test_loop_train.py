@@ -28,6 +28,7 @@ from helpers.train_runs import (
 )
 
 from configs import tiny
+from dynamo_jax import workdir as run_dir
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.errors import CheckpointError
@@ -120,7 +121,9 @@ def test_damaged_newest_step_is_moved_aside_and_written_again(finished_run, tmp_
 
 
 def _snapshot(workdir):
-    return {p.relative_to(workdir): p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+    """Every file of the run (not its lock, which each run that takes it rewrites: who holds it)."""
+    files = (p for p in workdir.rglob("*") if p.is_file() and p.name != run_dir.LOCK)
+    return {p.relative_to(workdir): p.read_bytes() for p in files}
 
 
 def test_checkpoints_that_do_not_fit_are_an_error_and_start_over_moves_them(finished_run, tmp_path):

@@ -72,3 +72,95 @@ def test_plots_written_from_jsonl(tmp_path):
 def test_smoothing_is_a_trailing_mean():
     got = plots._smooth(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), 2)
     np.testing.assert_allclose(got, [1.0, 1.5, 2.5, 3.5, 4.5])
+
+
+# ----------------------------------------------------------------------------- faults
+
+_KILLED_WRITER = (
+    "import sys\n"
+    "from dynamo_jax.reporting.metrics import LoggingConfig, MetricsWriter\n"
+    "w = MetricsWriter(sys.argv[1], LoggingConfig(tensorboard=False, progress_bar=False),\n"
+    "                  total_steps=10**6, start_step=0)\n"
+    "print('writing', flush=True)\n"
+    "for step in range(1, 10**6):\n"
+    "    w.write(step, {'blob': 'x' * (8 << 20)})\n"  # 8 MB records: a kill lands mid-write
+)
+
+
+def test_a_record_torn_by_kill_9_is_dropped_at_the_resume(tmp_path):
+    """A real SIGKILL of a process writing metrics.jsonl: the file may end in a torn line;
+    `read_metrics` skips it and the resume's `truncate_metrics` leaves whole records only,
+    after which the next run appends cleanly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for attempt in range(10):
+        workdir = tmp_path / str(attempt)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_WRITER, str(workdir)], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout.readline() == "writing\n"
+        time.sleep(0.3 + 0.05 * attempt)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        text = (workdir / "metrics.jsonl").read_bytes()
+        if text and not text.endswith(b"\n"):
+            break  # a torn last line: the case under test
+    else:
+        pytest.fail("ten kills never tore a record")
+    whole = text.count(b"\n")
+    records = read_metrics(workdir)
+    assert [r["step"] for r in records] == list(range(1, whole + 1))
+    truncate_metrics(workdir, last_step=whole)  # what the resume does
+    assert (workdir / "metrics.jsonl").read_bytes() == text[: text.rindex(b"\n") + 1]
+    w = MetricsWriter(workdir, LoggingConfig(tensorboard=False, progress_bar=False),
+                      total_steps=100, start_step=whole)  # fmt: skip
+    w.write(whole + 1, {"r": 1.0})
+    w.close()
+    assert [r["step"] for r in read_metrics(workdir)] == list(range(1, whole + 2))
+
+
+def test_a_full_disk_under_metrics_jsonl_is_one_disk_full_error(tmp_path):
+    """A real full filesystem (tmpfs), then an injected ENOSPC where a real one cannot be
+    placed (TensorBoard's flush: its events file fits in a page already allocated)."""
+
+    from helpers.small_fs import fill, small_fs
+
+    from dynamo_jax.errors import DiskFullError, ExitCode
+
+    with small_fs(tmp_path / "fs", "1m") as fs:
+        w = MetricsWriter(fs, LoggingConfig(tensorboard=False, progress_bar=False),
+                          total_steps=10, start_step=0)  # fmt: skip
+        w.write(1, {"r": 1.0})
+        fill(fs / "filler")
+        with pytest.raises(DiskFullError) as err:
+            w.write(2, {"blob": "x" * 65536})
+        w.close()  # what could not be flushed is dropped, nothing raised
+    assert err.value.exit_code == ExitCode.NO_SPACE
+    assert str(err.value) == (
+        f"{fs / 'metrics.jsonl'}: step 2's record not written: no space left on device, "
+        f"0.0 MB free in {fs}"
+    )
+
+
+def test_an_enospc_from_tensorboard_is_one_disk_full_error(tmp_path, monkeypatch):
+    import errno
+
+    from tensorboardX import record_writer
+
+    from dynamo_jax.errors import DiskFullError
+
+    w = MetricsWriter(tmp_path, LoggingConfig(tensorboard=True, progress_bar=False),
+                      total_steps=10, start_step=0)  # fmt: skip
+    w.write(1, {"r": 1.0})
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_writer.RecordWriter, "flush", full)
+    with pytest.raises(DiskFullError, match=r"tb: step 2's TensorBoard events not written"):
+        w.write(2, {"r": 0.5})
+    w.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # the JSONL record was written

@@ -289,6 +289,35 @@ def test_dead_workers_are_replaced_and_batch_completes(pool):
     assert [v.status for v in pool.score(["\\boxed{5}"] * 3, ["5"] * 3)] == ["correct"] * 3
 
 
+def test_a_worker_sigkilled_mid_item_is_noticed_at_once_and_replaced():
+    """What the OOM killer does to a worker (a real SIGKILL while it scores): the pipe closes,
+    the item gets its verdict at once (not at a time limit) and a fresh worker takes over."""
+    cfg = dataclasses.replace(FAST, num_workers=1, timeout_s=30.0, wall_timeout_s=60.0)
+    with RewardPool(cfg) as pool:
+        [victim] = pool.worker_pids()
+        killed_at = []
+
+        def kill():
+            time.sleep(0.5)
+            killed_at.append(time.perf_counter())
+            os.kill(victim, signal.SIGKILL)
+
+        thread = threading.Thread(target=kill)
+        thread.start()
+        verdicts = pool.score([SLOW, "\\boxed{5}"], ["5", "5"])
+        noticed = time.perf_counter() - killed_at[0]
+        thread.join()
+        assert verdicts[0].status == "parse_error", verdicts
+        assert (
+            verdicts[0].detail
+            == "reward worker died (exit code -9) (SIGKILL: the OOM killer or kill -9)"
+        )
+        assert verdicts[1].status == "correct"
+        assert pool.restarts == 1 and pool.worker_pids() != [victim]
+        assert noticed < 10.0  # the replacement's start-up and the second item, not a limit
+        print(f"worker SIGKILL noticed; batch done {noticed:.2f} s after the kill")
+
+
 def test_score_validates_arguments(pool):
     with pytest.raises(ValueError, match="2 completions but 1 gold"):
         pool.score(["a", "b"], ["1"])

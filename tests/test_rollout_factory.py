@@ -54,6 +54,7 @@ def test_one_sidecar_per_device_group_with_the_run_config_fields(recorded, tmp_p
     cfg = _cfg(
         tmp_path, vllm_tensor_parallel=2, call_timeout_s=45.0, max_restarts=5,
         restart_window_s=600.0, vllm_sleep_level=1, gpu_memory_utilization=0.3,
+        call_timeout_factor=4.0, call_timeout_floor_s=7.0,
     )  # fmt: skip
     work = tmp_path / "work"
     gpus = [str(i) for i in range(8)]
@@ -71,6 +72,7 @@ def test_one_sidecar_per_device_group_with_the_run_config_fields(recorded, tmp_p
             2, 45.0, 5, 600.0,
         )  # fmt: skip
         assert (c.sleep_level, c.gpu_memory_utilization) == (1, 0.3)
+        assert (c.call_timeout_factor, c.call_timeout_floor_s) == (4.0, 7.0)
         assert c.llm_kwargs()["tensor_parallel_size"] == 2
         assert c.llm_kwargs()["enable_sleep_mode"] is True
     engine.close()

@@ -337,6 +337,69 @@ def test_kill_9_mid_generate_restarts_repushes_and_retries(setup, monkeypatch):
     ]
 
 
+def _stopped_sidecar_is_noticed(engine, monkeypatch, op, run):
+    """Freeze the sidecar (SIGSTOP: alive, answering nothing) as the call `op` is sent, run
+    `run()`; returns (its result, seconds from the freeze to the restart that noticed it)."""
+    import dataclasses
+
+    config = dataclasses.replace(
+        engine.config, call_timeout_floor_s=2.0, call_timeout_factor=10.0, max_restarts=10
+    )
+    monkeypatch.setattr(engine, "config", config)
+    send_frame, frozen, noticed = wire.send_frame, [], []
+    real_restart = engine._restart
+
+    def send_then_stop(sock, message):
+        if message.get("op") == op and not frozen:
+            os.kill(engine.pid, signal.SIGSTOP)
+            frozen.append((engine.pid, time.monotonic(), engine.call_timeout_s(op)))
+        return send_frame(sock, message)
+
+    def restart(reason):
+        noticed.append((time.monotonic(), reason))
+        return real_restart(reason)
+
+    monkeypatch.setattr(wire, "send_frame", send_then_stop)
+    monkeypatch.setattr(engine, "_restart", restart)
+    result = run()
+    (pid, stopped_at, bound), [(noticed_at, reason)] = frozen[0], noticed
+    assert f"no reply to {op!r} within {bound} s" in reason
+    assert bound < 60 and engine.pid != pid  # scaled from the answers so far, not 600 s
+    return result, noticed_at - stopped_at, bound
+
+
+def test_a_stopped_sidecar_is_noticed_within_the_scaled_timeout_during_generate(setup, monkeypatch):
+    engine, model = setup
+    requests = [Request(i, p, 4) for i, p in enumerate(PROMPTS)]
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+    engine.generate(requests, sampling)  # vLLM's first call of a kind warms up
+    expected = _keyed(engine.generate(requests, sampling))  # timed: the generate bound
+    got, took, bound = _stopped_sidecar_is_noticed(
+        engine, monkeypatch, "generate", lambda: engine.generate(requests, sampling)
+    )
+    assert bound <= took < bound + 5.0, (took, bound)
+    assert _keyed(got).keys() == expected.keys()  # retried on the fresh sidecar
+    assert all(_keyed(got)[k][0] == expected[k][0] for k in expected)
+    print(f"SIGSTOP during generate noticed after {took:.1f} s (bound {bound:.1f} s)")
+
+
+def test_a_stopped_sidecar_is_noticed_within_the_scaled_timeout_during_a_push(setup, monkeypatch):
+    engine, model = setup
+    base = engine.weight_version
+    engine.push_hf_tensors(hf_state(model, scale=0.8), version=base + 1)  # (warm-up)
+    engine.push_hf_tensors(hf_state(model, scale=0.9), version=base + 2)  # timed: the bound
+    _, took, bound = _stopped_sidecar_is_noticed(
+        engine, monkeypatch, "update_weights",
+        lambda: engine.push_hf_tensors(hf_state(model), version=base + 3),
+    )  # fmt: skip
+    assert bound <= took < bound + 5.0, (took, bound)
+    assert engine.weight_version == base + 3  # re-pushed and verified on the fresh sidecar
+    assert [c.token_ids.tolist() for c in greedy(engine)] == [
+        hf_greedy(model, p, 12) for p in PROMPTS
+    ]
+    print(f"SIGSTOP during a weight push noticed after {took:.1f} s (bound {bound:.1f} s)")
+
+
 def test_close_frees_the_process_and_the_files(setup):
     engine, _ = setup  # the last test of the module: the fixture's close() is then a no-op
     pid, socket_dir = engine.pid, engine._res.socket_dir

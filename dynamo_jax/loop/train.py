@@ -49,11 +49,12 @@ from dynamo_jax import evaluate
 from dynamo_jax import workdir as run_dir
 from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_like
 from dynamo_jax.config import RunConfig, to_json_dict
-from dynamo_jax.errors import ConfigError, RunFailedError, UserError
+from dynamo_jax.errors import ConfigError, DiskFullError, RunFailedError, UserError
 from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.loop.behaviour_pass import row_layouts
 from dynamo_jax.loop.build import Trainer, build_trainer
 from dynamo_jax.loop.rl_step import rl_step
+from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabytes
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.reporting.report import timed as _timed
 from dynamo_jax.reporting.summary import RunSummary, Status, format_summary, summary_values
@@ -96,7 +97,8 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
     """Resume from the newest intact checkpoint; returns its step (0 for a fresh run).
 
     Damaged steps are moved aside; a checkpoint this config cannot continue is an error
-    (workdir.py). metrics.jsonl is cut back to the step, 0 included."""
+    (workdir.py); a disk without room for the next checkpoint is a `DiskFullError` before
+    anything is written. metrics.jsonl is cut back to the step, 0 included."""
     restored = run_dir.restore_latest(ckpt, abstract_like(_checkpoint_items(tr)), workdir, tr.cfg)
     # A run killed between a save and orbax's pruning left a step too many; with nothing left
     # to save (the run had finished) no later save would delete it.
@@ -110,6 +112,12 @@ def _restore(tr: Trainer, ckpt: Checkpointer, workdir: Path) -> int:
         )
         tr.load_host_state(restored.host)
         tr.engine.update_weights(tr.state.params, step)
+    cfg = tr.cfg
+    if step < cfg.train.steps:  # a disk too full for one checkpoint: stop now, before a write
+        every = cfg.checkpoint.every_steps
+        next_save = min((step // every + 1) * every, cfg.train.steps)
+        # (host trees are small, and host_state() may wait for batches in flight: left out)
+        ckpt.check_space(next_save, _checkpoint_items(tr), {})
     if multihost.is_primary():
         truncate_metrics(workdir, step)
         if step:
@@ -153,9 +161,16 @@ def check_mesh(cfg: RunConfig) -> None:
 
 
 def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> RunSummary:
-    primary = multihost.is_primary()  # metrics, config.json, plots and the summary: once
     check_mesh(cfg)
-    run_dir.prepare(workdir, cfg, start_over=start_over)
+    lock = run_dir.prepare(workdir, cfg, start_over=start_over)  # one run per workdir
+    try:
+        return _train(cfg, workdir, stop)
+    finally:
+        lock.release()
+
+
+def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
+    primary = multihost.is_primary()  # metrics, config.json, plots and the summary: once
     tr = build_trainer(cfg, workdir)
     ckpt = Checkpointer(
         workdir / run_dir.CHECKPOINTS, cfg.checkpoint, log_file=workdir / run_dir.LOG
@@ -163,6 +178,7 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
     writer: Any = NullWriter()
     start = done = -1  # -1 until the restore: no summary for a run that never started
     status, reason = Status.FINISHED, ""
+    started_in = run_dir.identity(workdir)  # checked each step: a workdir deleted mid-run
     try:
         start = done = _restore(tr, ckpt, workdir)
         if primary:
@@ -186,6 +202,9 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
         for step in range(start + 1, cfg.train.steps + 1):
             if status is not Status.FINISHED:
                 break
+            gone = run_dir.check_still_there(workdir, started_in)
+            if _any_process(gone is not None):
+                raise RunFailedError(gone or "--workdir disappeared on another process")
             metrics = rl_step(tr, step)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with _timed(metrics, "eval"):
@@ -211,6 +230,9 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
     except KeyboardInterrupt:  # the second signal; reported in the summary, then raised
         status, reason = Status.ABORTED, "stopped mid-step by a second signal, not checkpointed"
         raise
+    except DiskFullError as err:  # a checkpoint, metrics or TensorBoard write: one line, 6
+        status, reason = Status.FAILED, str(err)
+        raise DiskFullError(f"{err}; {ckpt.intact_note()}") from err
     except UserError as err:  # a known failure, but training had started: FAILED, one line
         status, reason = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
         if start < 0:
@@ -218,6 +240,15 @@ def _run(cfg: RunConfig, workdir: Path, start_over: bool, stop: StopRequest) -> 
         raise RunFailedError(f"step {done + 1}: {err}") from err
     except Exception as err:  # reported in the summary, then raised as it was
         status, reason = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        gone = run_dir.check_still_there(workdir, started_in)
+        if gone is not None:  # deleted while a write (a checkpoint) was in flight: one line
+            raise RunFailedError(f"step {done + 1}: {gone}") from err
+        if is_out_of_space(err):  # a write of the loop's own (config.json): one line too
+            what = getattr(err, "filename", None) or f"a file in {workdir}"
+            free = megabytes(free_bytes(workdir))
+            raise DiskFullError(
+                f"{what} not written: no space left on device, {free} free; {ckpt.intact_note()}"
+            ) from err
         raise
     finally:
         ckpt.wait()

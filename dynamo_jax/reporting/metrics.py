@@ -4,10 +4,17 @@
 restored step, so a run that was killed and restarted leaves the same file as one that was not.
 Values arrive as host scalars (the loop fetches the step's metric pytree once per step); a
 non-finite value is written as a JSON string ("nan", "inf") rather than invalid JSON.
+
+A record is flushed to the OS as it is written, so a run killed (kill -9) mid-write leaves at
+most one torn last line; `read_metrics` skips it and the resume's `truncate_metrics` rewrites
+the file without it. A write that finds the disk full (metrics.jsonl, or TensorBoard's events,
+flushed by this thread after each step so the error surfaces here rather than in tensorboardX's
+writer thread) raises `DiskFullError` naming the file and the free space.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,9 +25,14 @@ from typing import Any
 import numpy as np
 
 from dynamo_jax import validate
+from dynamo_jax.errors import DiskFullError
+from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabytes
 
 METRICS_FILE = "metrics.jsonl"
 WANDB_MODES = ("", "online", "offline", "disabled")  # wandb.init's modes ("" = its default)
+# tensorboardX's writer thread flushes every this many seconds: a week, i.e. never during a step
+# (its queue poll takes the timeout in int32 milliseconds, so no larger).
+_TB_NEVER_S = 7 * 24 * 3600
 
 # The figures shown on the progress bar, in order, when present.
 _BAR_KEYS = (
@@ -125,11 +137,16 @@ class MetricsWriter:
                 mode=config.wandb_mode,
                 run_config=run_config,
             )
+        self._full = False  # a write found the disk full (close then drops what it cannot flush)
         self._tb = None
         if config.tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=start_step + 1)
+            # write() flushes after each step; the writer thread never flushes on its own
+            # (a disk-full error there would kill the thread and then block the next step).
+            self._tb = SummaryWriter(
+                str(self.workdir / "tb"), purge_step=start_step + 1, flush_secs=_TB_NEVER_S
+            )
         self._bar = None
         if config.progress_bar:
             from tqdm.auto import tqdm
@@ -139,12 +156,17 @@ class MetricsWriter:
     def write(self, step: int, values: Mapping[str, Any], *, advance: bool = True) -> None:
         """One record; `advance=False` (the before-training evaluation) leaves the bar alone."""
         record = {"step": int(step), **{k: _json_value(v) for k, v in values.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with self._out_of_space(f"{self.workdir / METRICS_FILE}: step {step}'s record"):
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
         if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
+            with self._out_of_space(f"{self.workdir / 'tb'}: step {step}'s TensorBoard events"):
+                for key, value in record.items():
+                    if key == "step" or isinstance(value, bool):
+                        continue
+                    if isinstance(value, int | float):
+                        self._tb.add_scalar(key, value, step)
+                self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(step, record)
         if self._bar is not None:
@@ -163,11 +185,30 @@ class MetricsWriter:
         else:
             print(text, flush=True)
 
+    @contextlib.contextmanager
+    def _out_of_space(self, what: str):
+        """An out-of-space error inside the block as one `DiskFullError` naming `what`."""
+        try:
+            yield
+        except OSError as err:
+            if not is_out_of_space(err):
+                raise
+            self._full = True
+            raise DiskFullError(
+                f"{what} not written: no space left on device, "
+                f"{megabytes(free_bytes(self.workdir))} free in {self.workdir}"
+            ) from err
+
     def close(self) -> None:
-        """Closes metrics.jsonl, TensorBoard and the bar; a W&B run stays open for `end`."""
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        """Close the files (a W&B run stays open for `end`; after a disk-full error, what could not
+        be flushed is dropped: the resume cuts the metrics back to its checkpoint anyway)."""
+        try:
+            self._file.close()
+            if self._tb is not None:
+                self._tb.close()
+        except OSError as err:
+            if not (self._full or is_out_of_space(err)):
+                raise
         if self._bar is not None:
             self._bar.close()
 

@@ -331,8 +331,10 @@ class _Batch:
             except (EOFError, OSError):
                 job.worker.process.join(timeout=1.0)  # reap it, so its exit code is known
                 code = job.worker.process.exitcode
+                # -9: SIGKILL, what the kernel's OOM killer sends (its log names the victim)
+                why = " (SIGKILL: the OOM killer or kill -9)" if code == -9 else ""
                 self.results[job.index] = make_verdict(
-                    "parse_error", self.cfg, detail=f"reward worker died (exit code {code})"
+                    "parse_error", self.cfg, detail=f"reward worker died (exit code {code}){why}"
                 )
                 self.replace(job.worker)
                 continue

@@ -47,6 +47,10 @@ class RolloutConfig:
     vllm_sleep_level: int = 0  # vllm: sleep after each generate (0 off, 1 offload, 2 drop; GPU)
     jax_memory_fraction: float | None = None  # JAX's device share; None: 0.95 - vLLM's if colocated
     call_timeout_s: float = 600.0  # vllm: a call unanswered this long means a hung sidecar
+    # vllm: once a kind of call has answered, hung = unanswered for max(floor, factor x its
+    # last answer), at most call_timeout_s (docs/vllm_sidecar.md#faults)
+    call_timeout_factor: float = 10.0
+    call_timeout_floor_s: float = 30.0
     max_restarts: int = 3  # vllm: restarts allowed per sidecar within restart_window_s
     restart_window_s: float = 3600.0  # vllm: the sliding window max_restarts is counted in
 
@@ -76,7 +80,8 @@ class RolloutConfig:
                 f"rollout.vllm_sleep_level must be one of {SLEEP_LEVELS}, got "
                 f"{self.vllm_sleep_level!r}"
             )
-        _positive("rollout", self, "call_timeout_s", "restart_window_s")
+        _positive("rollout", self, "call_timeout_s", "restart_window_s", "call_timeout_factor")
+        _positive("rollout", self, "call_timeout_floor_s")
         devices = tuple(self.sidecar_devices)
         if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in devices) or len(
             set(devices)

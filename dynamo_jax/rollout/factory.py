@@ -106,6 +106,8 @@ def build_sidecar_fleet(cfg: RunConfig, workdir: Any, trainer_devices: list[str]
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_num_seqs=rollout.vllm_max_num_seqs,
         call_timeout_s=rollout.call_timeout_s,
+        call_timeout_factor=rollout.call_timeout_factor,
+        call_timeout_floor_s=rollout.call_timeout_floor_s,
         max_restarts=rollout.max_restarts,
         restart_window_s=rollout.restart_window_s,
         tensor_parallel=rollout.vllm_tensor_parallel,

@@ -71,7 +71,12 @@ class SidecarConfig:
     cpu_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU builds
     max_num_seqs: int = 256
     startup_timeout_s: float = 600.0
-    call_timeout_s: float = 600.0  # per generate/update call; a hung sidecar is detected by this
+    call_timeout_s: float = 600.0  # per call: the bound before a call of its kind has been timed
+    # Once a kind of call (generate, update_weights, ...) has answered, a hung sidecar is noticed
+    # within max(call_timeout_floor_s, call_timeout_factor x the last answer of that kind),
+    # capped at call_timeout_s: a generate that takes seconds is not waited on for 10 minutes.
+    call_timeout_factor: float = 10.0
+    call_timeout_floor_s: float = 30.0
     max_restarts: int = 3  # restarts allowed within any restart_window_s
     restart_window_s: float = 3600.0
     tensor_parallel: int = 1  # vLLM's tensor_parallel_size: the devices of extra_env's group
@@ -85,7 +90,8 @@ class SidecarConfig:
                 raise ValueError(f"SidecarConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.sleep_level not in (0, 1, 2):
             raise ValueError(f"SidecarConfig.sleep_level must be 0, 1 or 2, got {self.sleep_level}")
-        for name in ("startup_timeout_s", "call_timeout_s", "restart_window_s"):
+        names = ("startup_timeout_s", "call_timeout_s", "restart_window_s")
+        for name in (*names, "call_timeout_factor", "call_timeout_floor_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SidecarConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_restarts < 0:
@@ -358,6 +364,7 @@ class VLLMSidecarEngine:
         self.label = label
         self.push_tag = push_tag or weight_push.push_tag(workdir, 0)
         self.restarts = 0  # in the engine's life
+        self._last_s: dict[str, float] = {}  # op → how long its last answer took: the timeouts
         self._restart_times: deque[float] = deque()  # monotonic times, within the window
         self.last_push: weight_push.PushTimings | None = None
         self._version = 0
@@ -568,11 +575,31 @@ class VLLMSidecarEngine:
             except SidecarUnavailable as e:
                 reason = str(e)
 
+    def call_timeout_s(self, op: str) -> float:
+        """How long a call of kind `op` may go unanswered before the sidecar counts as hung:
+        `call_timeout_s` until one has answered, then scaled from the last answer (not the
+        slowest: the first call of a kind carries vLLM's one-time warm-up)."""
+        config = self.config
+        if op not in self._last_s:
+            return config.call_timeout_s
+        scaled = max(config.call_timeout_floor_s, config.call_timeout_factor * self._last_s[op])
+        return min(config.call_timeout_s, scaled)
+
     def _call(self, message: dict) -> dict:
         if self._res.process is None:
             raise SidecarError(f"{self.label}: the sidecar engine is closed")
+        op = message["op"]
         while True:
+            timeout_s = self.call_timeout_s(op)
+            began = time.monotonic()
             try:
-                return self._res.process.call(message, self.config.call_timeout_s)
+                reply = self._res.process.call(message, timeout_s)
             except SidecarUnavailable as e:
+                if op in self._last_s and "within" in str(e):
+                    # Unanswered within its scaled bound: the retry on the fresh sidecar gets
+                    # twice as long, in case the call was slow rather than the sidecar hung.
+                    self._last_s[op] *= 2
                 self._restart(str(e))
+                continue
+            self._last_s[op] = time.monotonic() - began
+            return reply
