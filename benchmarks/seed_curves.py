@@ -1,6 +1,7 @@
 """Held-out evaluation curves of several runs, grouped by method: every seed's numbers and a plot.
 
     python benchmarks/seed_curves.py grpo=W1,W2,W3 dynamo=W4,W5,W6 --out curves.png
+    python benchmarks/seed_curves.py bf16=W1,W2 --keys rollout/engine_logp_abs_diff
 
 Reads each workdir's metrics.jsonl (the `eval/overall/pass@k` and `eval_greedy/overall/pass@1`
 lines the in-loop evaluation writes) and prints, per method, one markdown row per seed: the
@@ -104,9 +105,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("groups", nargs="+", help="LABEL=WORKDIR[,WORKDIR...]")
     p.add_argument("--out", type=Path, default=None, help="write the plot here (PNG)")
+    p.add_argument(
+        "--keys",
+        nargs="*",
+        default=[],
+        help="more metrics to tabulate at every step that logs them, e.g. "
+        "rollout/engine_logp_abs_diff rollout/engine_logp_abs_diff_max",
+    )
     args = p.parse_args(argv)
     groups = parse_groups(args.groups)
-    for key, title in METRICS:
+    for key, title in (*METRICS, *((k, k) for k in args.keys)):
         print(f"\n{title} (`{key}`)\n")
         print(table(groups, key))
     if args.out:

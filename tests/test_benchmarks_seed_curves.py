@@ -45,3 +45,17 @@ def test_plot_is_written_and_bad_spec_is_refused(tmp_path):
         seed_curves.parse_groups(["no_equals_sign"])
     with pytest.raises(SystemExit, match="missing or empty"):
         seed_curves.table({"grpo": [tmp_path / "absent"]}, "eval/overall/pass@1")
+
+
+def test_keys_tabulate_a_training_metric_at_every_step(tmp_path, capsys):
+    a = _run(tmp_path, "s0", {0: 0.1, 10: 0.3}, step_s=1.0)
+    lines = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:
+        if rec["step"]:
+            rec["rollout/engine_logp_abs_diff"] = rec["step"] / 100
+    (a / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    seed_curves.main([f"bf16={a}", "--keys", "rollout/engine_logp_abs_diff"])
+    out = capsys.readouterr().out
+    table = out.split("(`rollout/engine_logp_abs_diff`)")[1].strip().splitlines()
+    assert table[0].startswith("| method | run | step 1 | step 2 |")
+    assert table[2].startswith("| bf16 | s0 | 0.010 | 0.020 | 0.030 |")
