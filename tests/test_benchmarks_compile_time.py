@@ -90,18 +90,18 @@ def _after_first_step(record: dict) -> list[dict]:
 
 
 def test_a_short_run_compiles_each_program_once_and_a_resume_nothing_new(tmp_path, jax_cache_dir):
-    """Three steps, each evaluated and checkpointed, then resumed for two more in a new
+    """Two steps, each evaluated and checkpointed, then resumed for two more in a new
     process: the programs are the table's, every one compiled in the first step (the
     evaluation's and checkpoint's included), none after it, and the resumed run compiles
     nothing after its first step."""
     cache = Path(jax_cache_dir or tmp_path / "cache")
     workdir = tmp_path / "run"
-    fresh = ct.run_worker("configs/tiny.py", 3, cache, extra_args=RUN_ARGS, workdir=workdir)
-    assert fresh["exit_code"] == 0 and len(fresh["step_ends"]) == 3
+    fresh = ct.run_worker("configs/tiny.py", 2, cache, extra_args=RUN_ARGS, workdir=workdir)
+    assert fresh["exit_code"] == 0 and len(fresh["step_ends"]) == 2
     assert dict(_programs(fresh)) == EXPECTED_PROGRAMS
     assert _after_first_step(fresh) == []
-    resumed = ct.run_worker("configs/tiny.py", 5, cache, extra_args=RUN_ARGS, workdir=workdir)
-    assert resumed["exit_code"] == 0 and len(resumed["step_ends"]) == 2  # steps 4 and 5
+    resumed = ct.run_worker("configs/tiny.py", 4, cache, extra_args=RUN_ARGS, workdir=workdir)
+    assert resumed["exit_code"] == 0 and len(resumed["step_ends"]) == 2  # steps 3 and 4
     assert _after_first_step(resumed) == []
     assert set(_programs(resumed)) <= set(EXPECTED_PROGRAMS)
 
