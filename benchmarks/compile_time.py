@@ -297,6 +297,10 @@ def summary_table(rows: list[tuple[str, dict]]) -> str:
 def measure(config: str, steps: int, count_calls: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="compile_cache_") as cache:
         cold = run_worker(config, steps, Path(cache))
+        # printed at once: a long cold run is not lost if a later one fails
+        print(f"\n## {config}, {steps} steps: cold\n\n{summary_table([('cold', cold)])}")
+        for c in cold["compiled"]:
+            print(f"  {c['name']} at {c['site']}: {c['seconds']:.2f} s", flush=True)
         warm = run_worker(config, steps, Path(cache))
         calls = run_worker(config, steps, Path(cache), count_calls=True) if count_calls else None
     print(f"\n## {config}, {steps} steps\n")
