@@ -53,6 +53,9 @@ def main(argv) -> int:
     if not flags.FLAGS["verbosity"].present:
         # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
         absl_logging.set_verbosity(absl_logging.WARNING)
+    # JAX's persistent compilation cache, outside the checkout (cli.compilation_cache_dir): a
+    # second run, or a run in another clone, loads its programs instead of compiling them.
+    cli.use_compilation_cache()
     with cli.known_errors(debug=_DEBUG.value):
         from dynamo_jax.config import from_config_dict
         from dynamo_jax.loop import train

@@ -12,9 +12,10 @@ Exit statuses of `python launch.py`: the one table in dynamo_jax/errors.py (`Exi
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from dynamo_jax.errors import ConfigError, ExitCode, UserError
 
 EXIT_BAD_INPUT = ExitCode.REFUSED
 DEBUG_FLAG = "--debug"
+COMPILATION_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 _FLAG_PREFIX = re.compile(r"^flag (\S+): ")
 
 
@@ -175,3 +178,30 @@ def known_errors(debug: bool) -> Iterator[None]:
             flush=True,
         )
         sys.exit(int(ExitCode.ABORTED))
+
+
+def compilation_cache_dir(environ: Mapping[str, str]) -> str | None:
+    """JAX's persistent compilation cache of runs and tests: $JAX_COMPILATION_CACHE_DIR when set
+    (set but empty: no cache), else `<cache>/jax` with models/fetch.py's `<cache>`
+    ($DYNAMO_JAX_CACHE, else ~/.cache/dynamo_jax). Outside any checkout, so a fresh clone loads
+    what another one compiled: JAX keys an entry on the program without its source locations
+    (jax_compilation_cache_include_metadata_in_key stays off), never on the checkout's path."""
+    if COMPILATION_CACHE_ENV in environ:
+        return environ[COMPILATION_CACHE_ENV] or None
+    from dynamo_jax.models.fetch import cache_dir
+
+    return str(cache_dir() / "jax")
+
+
+def use_compilation_cache(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Turns JAX's persistent compilation cache on at `compilation_cache_dir`, through the
+    environment (for this process and the ones it starts: the dry run's planner, sidecars),
+    so call it before JAX is imported. Every program is written, however fast it compiled
+    ($JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS unless set): jax's default of 1 s leaves out
+    programs that load in a tenth of their compile time (benchmarks/compile_time.py). Returns
+    the directory (None: no cache)."""
+    path = compilation_cache_dir(environ)
+    if path is not None:
+        environ[COMPILATION_CACHE_ENV] = path
+        environ.setdefault(MIN_COMPILE_TIME_ENV, "0")
+    return path

@@ -23,14 +23,18 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT]
 )
 
-# JAX's persistent compilation cache, under the repository's git-ignored .cache/: most tests
-# compile the same few tiny programs, so every test after the first (in this session, in
-# the xdist workers and the launch.py subprocesses, and in later sessions) loads them instead.
-# Entries are keyed by the program and the compiler, so a stale entry is never used. The
-# environment reaches subprocesses; jax.config below covers a jax imported before this file.
-JAX_CACHE_DIR = os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", str(Path(_ROOT) / ".cache" / "jax")
-)
+# JAX's persistent compilation cache, where launch.py keeps it (dynamo_jax/cli.py
+# `compilation_cache_dir`: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/dynamo_jax/jax), outside the
+# checkout: most tests compile the same few tiny programs, so every test after the first (in
+# this session, in the xdist workers and the launch.py subprocesses, in later sessions and in
+# other clones) loads them instead. Entries are keyed by the program and the compiler, so a
+# stale entry is never used. The environment reaches subprocesses; jax.config below covers a
+# jax imported before this file. JAX_COMPILATION_CACHE_DIR= (empty) runs without a cache.
+from dynamo_jax.cli import compilation_cache_dir  # noqa: E402  (imports no jax)
+
+JAX_CACHE_DIR = compilation_cache_dir(os.environ)
+if JAX_CACHE_DIR:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE_DIR
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # JAX's switch for compiling fast (XLA backend optimisation level 0, LLVM's expensive passes
 # off) takes about a third off the CPU time of a compile-bound test module, but it is off by
@@ -45,14 +49,16 @@ _FAST_COMPILE = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "0").lower() in
 def pytest_configure(config):
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", JAX_CACHE_DIR)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if JAX_CACHE_DIR:
+        jax.config.update("jax_compilation_cache_dir", JAX_CACHE_DIR)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_disable_most_optimizations", _FAST_COMPILE)
 
 
 @pytest.fixture(scope="session")
-def jax_cache_dir() -> str:
-    """The session's persistent compilation cache (set for every test and subprocess)."""
+def jax_cache_dir() -> str | None:
+    """The session's persistent compilation cache (set for every test and subprocess; None
+    without one)."""
     return JAX_CACHE_DIR
 
 
