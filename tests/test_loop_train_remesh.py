@@ -24,6 +24,7 @@ from helpers.train_runs import LAUNCH_ARGS, TIMING_PREFIXES, _final_state, _shor
 
 from dynamo_jax.checkpoint import CheckpointConfig, Checkpointer, abstract_like
 from dynamo_jax.config import from_config_dict
+from dynamo_jax.errors import ExitCode
 from dynamo_jax.reporting.metrics import read_metrics
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.sharding.rules import replicated
@@ -139,3 +140,16 @@ def test_a_checkpoint_resumes_on_another_mesh_with_the_same_numbers(tmp_path, be
         np.testing.assert_allclose(
             np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path)
         )
+
+
+def test_a_mesh_that_cannot_split_the_batches_is_refused_in_one_line(tmp_path):
+    """6 devices split rows 6 ways; tiny's micro-batches hold 64 rows: no whole rows per device.
+    Refused (2) before the workdir is touched, not a traceback from the build (1)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=6"}
+    proc = launch(*ARGS, "--config.mesh.shape=(1,6,1)", f"--workdir={tmp_path / 'w'}", env=env)
+    assert proc.returncode == ExitCode.REFUSED, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: config.mesh.shape: RowLayout.micro_rows (64) must be a multiple of row_shards "
+        "(6): each device holds whole rows of every micro-batch"
+    ]
+    assert not (tmp_path / "w").exists()
