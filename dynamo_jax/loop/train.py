@@ -149,13 +149,17 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
 
 
 def check_mesh(cfg: RunConfig) -> None:
-    """The configured mesh fits the devices there are (ConfigError naming config.mesh.shape)."""
-    devices = jax.devices()
+    """The configured mesh fits the devices there are and splits every batch into whole rows per
+    device (ConfigError naming config.mesh.shape): a run, or a resume on another mesh, that
+    cannot is refused before anything is built, not by a traceback from the build."""
+    from dynamo_jax.sharding.planner import row_shards
+
+    used = len(jax.devices())
     shape = cfg.mesh.shape
-    if -1 not in shape and 0 < int(np.prod(shape)) < len(devices) and jax.process_count() == 1:
-        return  # a 1-device config on a host with more devices uses the first ones
+    if -1 not in shape and 0 < int(np.prod(shape)) < used and jax.process_count() == 1:
+        used = int(np.prod(shape))  # a smaller fixed mesh uses the first devices (build.py)
     try:
-        cfg.mesh.resolved_shape(len(devices))
+        row_layouts(cfg, row_shards(cfg.mesh, used))
     except ValueError as err:
         raise ConfigError(f"config.mesh.shape: {err}") from err
 
