@@ -209,7 +209,7 @@ OTHER_PROJECTS = {
     "HfApi",  # huggingface_hub's client class
 }
 PLACEHOLDERS = {"module.function"}  # docs/algorithm.md's statement of the convention
-FILE_SUFFIXES = {"json", "jsonl", "safetensors", "log", "md", "toml", "sh", "txt", "png", "gguf"}
+FILE_SUFFIXES = {"json", "jsonl", "safetensors", "log", "md", "toml", "sh", "txt", "png", "gguf", "lock"}
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 PY_PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)*\.py(?:::(\w+))?")
