@@ -176,6 +176,8 @@ def _parse_gold(gold: str) -> list:
     # `$...$` (e.g. "$8$,$4$"), which math-verify's environment regexes handle directly. Parsed
     # again for every item: a cached parse would carry assumptions computed for earlier items.
     gold = drop_percent(gold)
+    if gold.count("$") % 2:  # unbalanced delimiters (`$221,$8$`): the math without them
+        gold = gold.replace("$", " ")
     source = gold if "$" in gold else "\\boxed{" + gold + "}"
     return _parsed(source)
 
@@ -325,6 +327,15 @@ def _several_values(predicted: list, gold_parsed: list) -> str | None:
     return None
 
 
+def _same_text(answer: str, gold: str) -> bool:
+    """The answer is the gold as written, up to spaces, `$` and a final period."""
+
+    def key(text: str) -> str:
+        return re.sub(r"[\s$]+", "", text).rstrip(".")
+
+    return key(answer) == key(gold)
+
+
 def _numbers_differ(gold_parsed: list, predicted: list) -> bool:
     """True when both are numbers that differ by more than the relative tolerance."""
     gold_value, answer = gold_parsed[0], predicted[0]
@@ -382,6 +393,8 @@ def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     predicted, answer, early = _extract(text, gold, cfg)
     if early is not None:
         return early
+    if _same_text(answer, gold):  # the gold as written (a prose gold parses unreliably)
+        return make_verdict("correct", cfg, answer=answer)
     reason = _several_values(predicted, gold_parsed)
     if reason is not None:
         return make_verdict("wrong", cfg, answer=answer, detail=reason)

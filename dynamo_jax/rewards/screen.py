@@ -32,6 +32,7 @@ _TEX_PROGRAMMING = re.compile(
 _KNOWN_MACROS = frozenset(
     """
     frac dfrac tfrac cfrac sqrt cdot times div pm mp le leq ge geq lt gt neq ne approx infty
+    leqslant geqslant ll gg parallel
     infinity pi circ degree left right big Big bigg Bigg bigl bigr Bigl Bigr text textbf textit
     textrm mathrm mathbf mathit mathsf mathtt mathbb mathcal mathfrak mbox operatorname boxed
     fbox displaystyle textstyle scriptstyle quad qquad cup cap setminus emptyset varnothing
@@ -166,7 +167,7 @@ def _stray_word(answer: str, gold: str) -> str | None:
 def answer_reason(answer: str, gold: str) -> str | None:
     """Why an extracted final answer (a box's content) earns nothing, or None."""
     words = _text_words(answer)
-    if _DISJUNCTION.search(words) or _RANGE.search(words):
+    if _hedged(words, gold):
         return "several final answers (a disjunction or a range)"
     if "\\mid" in answer and "\\{" not in answer and "\\lbrace" not in answer:
         return "several final answers (\\mid outside a set)"
@@ -175,13 +176,24 @@ def answer_reason(answer: str, gold: str) -> str | None:
             return "several final answers where the gold is one value"
         if len(top_level_parts(answer)) > 1:
             return "a list of answers where the gold is one value"
+    gold_macros = set(_MACRO.findall(gold))  # the gold's own notation (`\\mho`) is known
     for name in _MACRO.findall(answer):
-        if name not in _KNOWN_MACROS:
+        if name not in _KNOWN_MACROS and name not in gold_macros:
             return f"unknown TeX macro \\{name} in the final answer"
     word = _stray_word(answer, gold)
     if word is not None:
         return f"the final answer holds a word that is not a unit ({word!r})"
     return None
+
+
+def _hedged(words: str, gold: str) -> bool:
+    """A disjunction or a range that the gold does not itself contain (a gold may be prose:
+    "Primes 2 and 5 appear seven or more times", or two spellings joined by "OR")."""
+    gold_words = _text_words(gold)
+    return bool(
+        (_DISJUNCTION.search(words) and not _DISJUNCTION.search(gold_words))
+        or (_RANGE.search(words) and not _RANGE.search(gold_words))
+    )
 
 
 def _text_words(answer: str) -> str:
@@ -247,7 +259,7 @@ def clause_reason(clause: str, gold: str) -> str | None:
     if code:
         return f"code-like final answer ({code.group(0).strip()!r})"
     words = _text_words(clause)
-    if _DISJUNCTION.search(words) or _RANGE.search(words):
+    if _hedged(words, gold):
         return "several final answers (a disjunction or a range)"
     if is_single_value(gold):
         if _CONJUNCTION.search(words):

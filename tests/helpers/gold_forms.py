@@ -1,0 +1,56 @@
+"""The forms in which a model writes a data file's gold answer (tests/test_rewards_data.py).
+
+A gold in the project's data is written as the dataset wrote it: `$...$` math delimiters,
+`\\$` or `$` as a currency sign, `\\text{ cm}` units, thousands separators. A model writes the
+same value boxed, with or without the currency sign and the unit, and, where the gold is one
+number, as a plain number after "The answer is".
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+
+from dynamo_jax.data import load_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+_CURRENCY = re.compile(r"\\\$|^\s*\$(?=\s*\d)(?![^$]*\$)")
+_UNIT = re.compile(
+    r"\s*(?:\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z ]*\}|\^\s*\{?\\circ\}?)\s*$"
+)
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def data_files() -> list[Path]:
+    """Every data file of the project (JSONL and parquet, under data/)."""
+    paths = glob.glob(str(ROOT / "data" / "**" / "*.jsonl"), recursive=True)
+    paths += glob.glob(str(ROOT / "data" / "**" / "*.parquet"), recursive=True)
+    return sorted(Path(p) for p in paths)
+
+
+def data_golds(path: Path) -> list[str]:
+    """The distinct non-empty golds of a data file, in file order."""
+    return list(dict.fromkeys(r.gold for r in load_rows(path) if r.gold.strip()))
+
+
+def bare(gold: str) -> str:
+    """The gold without its `$` math delimiters and currency signs (what a box holds)."""
+    text = _CURRENCY.sub("", gold)
+    return re.sub(r"\s+", " ", text.replace("$", " ")).strip().rstrip(".").strip()
+
+
+def model_forms(gold: str) -> list[str]:
+    """Completions that state `gold`'s own value the ways a model writes it."""
+    core = bare(gold)
+    forms = [f"So the final answer is $\\boxed{{{core}}}$."]
+    if "$" in gold:  # the dataset's own spelling, currency sign and delimiters included
+        spelled = gold.strip().rstrip(".").strip().strip("$")
+        forms.append(f"So the final answer is \\boxed{{{spelled}}}.")
+    no_unit = _UNIT.sub("", core)
+    if no_unit != core and no_unit:
+        forms.append(f"\\boxed{{{no_unit}}}")
+    plain = no_unit.replace(",", "") if re.fullmatch(r"\d{1,3}(?:,\d{3})+", no_unit) else no_unit
+    if _PLAIN_NUMBER.fullmatch(plain):
+        forms.append(f"The answer is {no_unit}.")
+    return forms
