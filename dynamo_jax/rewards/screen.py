@@ -57,6 +57,8 @@ _DISJUNCTION = re.compile(
 )
 # A range between two numbers ("12 to 13"; normalise.py writes "12–13" so).
 _RANGE = re.compile(r"\d\s*(?:(?<!\\)\bto\b|\.\.\.?)\s*[-+]?\d")
+# Two numbers side by side, apart only by space ("12 13", `12 \\quad 13`): two values.
+_JUXTAPOSED = re.compile(r"(?<=\d)(?:\s|\\quad|\\qquad|\\[,;: ]|~)+(?=[-+]?\d)")
 # Two values where one is expected (checked only when the gold is one value).
 _CONJUNCTION = re.compile(r"\\(?:pm|mp|land|wedge)(?![A-Za-z])|(?<![\\A-Za-z])(?i:and)(?![A-Za-z])")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -169,13 +171,15 @@ def answer_reason(answer: str, gold: str) -> str | None:
     words = _text_words(answer)
     if _hedged(words, gold):
         return "several final answers (a disjunction or a range)"
-    if "\\mid" in answer and "\\{" not in answer and "\\lbrace" not in answer:
+    if _mid_outside_set(answer):
         return "several final answers (\\mid outside a set)"
     if is_single_value(gold):
         if _CONJUNCTION.search(words) and not _CONJUNCTION.search(gold):
             return "several final answers where the gold is one value"
         if len(top_level_parts(answer)) > 1:
             return "a list of answers where the gold is one value"
+        if _JUXTAPOSED.search(answer):
+            return "several values in the final answer where the gold is one value"
     gold_macros = set(_MACRO.findall(gold))  # the gold's own notation (`\\mho`) is known
     for name in _MACRO.findall(answer):
         if name not in _KNOWN_MACROS and name not in gold_macros:
@@ -184,6 +188,10 @@ def answer_reason(answer: str, gold: str) -> str | None:
     if word is not None:
         return f"the final answer holds a word that is not a unit ({word!r})"
     return None
+
+
+def _mid_outside_set(answer: str) -> bool:
+    return "\\mid" in answer and "\\{" not in answer and "\\lbrace" not in answer
 
 
 def _hedged(words: str, gold: str) -> bool:
@@ -204,13 +212,14 @@ def _text_words(answer: str) -> str:
 def clause_values(clause: str) -> list[str]:
     """The math in a clause of prose, split at its words and top-level `,` / `;`.
 
-    "12 apples" holds one value, "12 Or 13", "12, 13" and "x = 6 so y = 4" two: prose words
-    (two letters or more, not a macro) separate values, a parenthesis of words is dropped.
+    "12 apples" holds one value, "12 Or 13", "12, 13", "12 13" and "x = 6 so y = 4" two: prose
+    words (two letters or more, not a macro) and space between numbers separate values, a
+    parenthesis of words is dropped.
     """
     text = PROSE_PARENTHESIS.sub(" ", clause)
     text = _WRAPPED_TEXT.sub(r" \1 ", text)
     text = re.sub(r"\$|\\[()\[\]]|\*\*", " ", text)
-    text = _WORD.sub(";", text)
+    text = _JUXTAPOSED.sub(";", _WORD.sub(";", text))
     return [
         part
         for part in top_level_parts(text)
@@ -261,6 +270,8 @@ def clause_reason(clause: str, gold: str) -> str | None:
     words = _text_words(clause)
     if _hedged(words, gold):
         return "several final answers (a disjunction or a range)"
+    if _mid_outside_set(clause):
+        return "several final answers (\\mid outside a set)"
     if is_single_value(gold):
         if _CONJUNCTION.search(words):
             return "several final answers where the gold is one value"
