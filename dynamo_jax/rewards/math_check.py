@@ -171,6 +171,18 @@ def precheck(text, cfg: RewardConfig) -> Verdict | None:
     return None
 
 
+def gold_text(gold: str) -> str:
+    """The gold with its own boxes and display delimiters opened (`\\[\\boxed{(7, 11)}\\]` is
+    `(7, 11)`): a gold is the value, not a completion."""
+    spans = box_spans(gold)
+    for start, end in reversed(spans):
+        braced = gold[start - 1 : start] == "{"
+        if braced and not any(s < start and end < e for s, e in spans):  # outermost only
+            macro = gold.rfind("\\", 0, start)
+            gold = gold[:macro] + gold[start:end] + gold[end + 1 :]
+    return re.sub(r"\\[\[\]]", " ", gold).strip() if "\\[" in gold else gold
+
+
 def _parse_gold(gold: str) -> list:
     # Golds are LaTeX fragments ("\\frac{3}{5}", "025", "(5,\\infty)"); some carry their own
     # `$...$` (e.g. "$8$,$4$"), which math-verify's environment regexes handle directly. Parsed
@@ -381,7 +393,7 @@ def _score_number(text: str, gold: str, cfg: RewardConfig) -> Verdict:
 
 
 def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
-    text, gold = normalise(text), normalise(gold)
+    text, gold = normalise(text), gold_text(normalise(gold))
     reason = screen.completion_reason(text)
     if reason is not None:
         return make_verdict("wrong", cfg, detail=reason)

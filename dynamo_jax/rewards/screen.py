@@ -3,13 +3,15 @@
 RL learns whatever earns reward, and math-verify is generous by design: it finds *a* number in
 "The final answer is 42(lambda: 0)()", accepts `\\boxed{41 \\lor 42}` against 42 and ignores
 TeX it does not know (`\\boxed{\\foo 42}`). Each screen here is a linear-time string scan that
-returns the reason a completion earns nothing, or None. The rule they implement (written for
-users in docs/rewards.md):
+returns the reason a completion earns nothing, or None. They run on normalised text
+(normalise.py: one spelling per symbol, so `∨` is `\\lor` and `12–13` is `12 to 13`). The rule
+they implement (written for users in docs/rewards.md#one-final-answer):
 
-    A completion that commits to more than one final answer earns 0: several boxes with
-    different values, a disjunction ("or", `\\lor`, `\\vee`), `\\pm`, or a list where the gold
-    is one value. So does a final answer that is code (a call, a conditional expression,
-    attribute access, statements), that uses TeX programming (`\\catcode`, `\\def`, ...) or a
+    The scorer reads one final answer: the last non-empty box, else the last cue's clause,
+    else the last sentence with math. A final answer that holds more than one value earns 0:
+    a disjunction or a range the gold does not have; where the gold is one value, a list,
+    `\\pm`, "and", numbers side by side or two values in a clause of prose; a word in a
+    numeric box that is neither a unit nor the gold's. So does code, TeX programming or a
     macro outside the known math vocabulary, or a completion that is one token repeated
     thousands of times.
 """
@@ -57,8 +59,9 @@ _DISJUNCTION = re.compile(
 )
 # A range between two numbers ("12 to 13"; normalise.py writes "12–13" so).
 _RANGE = re.compile(r"\d\s*(?:(?<!\\)\bto\b|\.\.\.?)\s*[-+]?\d")
-# Two numbers side by side, apart only by space ("12 13", `12 \\quad 13`): two values.
-_JUXTAPOSED = re.compile(r"(?<=\d)(?:\s|\\quad|\\qquad|\\[,;: ]|~)+(?=[-+]?\d)")
+# Two numbers side by side, apart only by space ("12 13", `12 \\quad 13`): two values (a
+# signed one, `12 -13`, is a difference; a table, `\\begin{array}`, is checked as a whole).
+_JUXTAPOSED = re.compile(r"(?<=\d)(?:\s|\\quad|\\qquad|\\[,;: ]|~)+(?=\d)")
 # Two values where one is expected (checked only when the gold is one value).
 _CONJUNCTION = re.compile(r"\\(?:pm|mp|land|wedge)(?![A-Za-z])|(?<![\\A-Za-z])(?i:and)(?![A-Za-z])")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -171,14 +174,14 @@ def answer_reason(answer: str, gold: str) -> str | None:
     words = _text_words(answer)
     if _hedged(words, gold):
         return "several final answers (a disjunction or a range)"
-    if _mid_outside_set(answer):
+    if _mid_outside_set(answer, gold):
         return "several final answers (\\mid outside a set)"
     if is_single_value(gold):
         if _CONJUNCTION.search(words) and not _CONJUNCTION.search(gold):
             return "several final answers where the gold is one value"
         if len(top_level_parts(answer)) > 1:
             return "a list of answers where the gold is one value"
-        if _JUXTAPOSED.search(answer):
+        if "\\begin" not in answer and _JUXTAPOSED.search(answer):
             return "several values in the final answer where the gold is one value"
     gold_macros = set(_MACRO.findall(gold))  # the gold's own notation (`\\mho`) is known
     for name in _MACRO.findall(answer):
@@ -190,8 +193,11 @@ def answer_reason(answer: str, gold: str) -> str | None:
     return None
 
 
-def _mid_outside_set(answer: str) -> bool:
-    return "\\mid" in answer and "\\{" not in answer and "\\lbrace" not in answer
+def _mid_outside_set(answer: str, gold: str) -> bool:
+    """`\\mid` that is not a set's "such that", where the gold has none (`3 \\mid n`)."""
+    if "\\mid" not in answer or "\\mid" in gold:
+        return False
+    return "\\{" not in answer and "\\lbrace" not in answer
 
 
 def _hedged(words: str, gold: str) -> bool:
@@ -270,7 +276,7 @@ def clause_reason(clause: str, gold: str) -> str | None:
     words = _text_words(clause)
     if _hedged(words, gold):
         return "several final answers (a disjunction or a range)"
-    if _mid_outside_set(clause):
+    if _mid_outside_set(clause, gold):
         return "several final answers (\\mid outside a set)"
     if is_single_value(gold):
         if _CONJUNCTION.search(words):
