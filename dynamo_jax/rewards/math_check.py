@@ -255,11 +255,13 @@ def drop_percent(answer: str) -> str:
 
 
 def _parse_clause(clause: str) -> list:
-    """A prose answer parsed: its math as written when delimited, else with its words dropped
-    and read as LaTeX (`2\\sqrt{3}` undelimited was 2 to math-verify's plain-text reading)."""
+    """A prose answer parsed: its math as written when delimited; else, with its words dropped,
+    as LaTeX when it has a macro (`2\\sqrt{3}` undelimited was 2 to math-verify's plain-text
+    reading), as a plain expression otherwise (`9**9`, `3/4`)."""
     if _MATH_DELIMITERS.search(clause):
         return _parsed(drop_percent(clause))
-    return _parsed("\\boxed{" + drop_percent(screen.prose_dropped(clause)) + "}")
+    math = drop_percent(screen.prose_dropped(clause))
+    return _parsed("\\boxed{" + math + "}" if "\\" in math else math)
 
 
 def _extract(
@@ -351,7 +353,8 @@ def _same_text(answer: str, gold: str) -> bool:
 def _numbers_differ(gold_parsed: list, predicted: list) -> bool:
     """True when both are numbers that differ by more than the relative tolerance."""
     gold_value, answer = gold_parsed[0], predicted[0]
-    if not (isinstance(gold_value, sympy.Number) and isinstance(answer, sympy.Number)):
+    finite = (sympy.Rational, sympy.Float)  # not oo, zoo or nan (Numbers too)
+    if not (isinstance(gold_value, finite) and isinstance(answer, finite)):
         return False
     a, b = sympy.Rational(gold_value), sympy.Rational(answer)
     return abs(a - b) > _RELATIVE_TOLERANCE * max(abs(a), abs(b))

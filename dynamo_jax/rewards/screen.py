@@ -59,6 +59,8 @@ _DISJUNCTION = re.compile(
 )
 # A range between two numbers ("12 to 13"; normalise.py writes "12–13" so).
 _RANGE = re.compile(r"\d\s*(?:(?<!\\)\bto\b|\.\.\.?)\s*[-+]?\d")
+# Markdown bold around an answer (`**12**`), not Python's power between operands (`9**9`).
+_BOLD = re.compile(r"(?<![0-9A-Za-z)}\]])\*\*|\*\*(?![0-9A-Za-z({\[])")
 # Two numbers side by side, apart only by space ("12 13", `12 \\quad 13`): two values (a
 # signed one, `12 -13`, is a difference; a table, `\\begin{array}`, is checked as a whole).
 _JUXTAPOSED = re.compile(r"(?<=\d)(?:\s|\\quad|\\qquad|\\[,;: ]|~)+(?=\d)")
@@ -224,7 +226,7 @@ def clause_values(clause: str) -> list[str]:
     """
     text = PROSE_PARENTHESIS.sub(" ", clause)
     text = _WRAPPED_TEXT.sub(r" \1 ", text)
-    text = re.sub(r"\$|\\[()\[\]]|\*\*", " ", text)
+    text = _BOLD.sub(" ", re.sub(r"\$|\\[()\[\]]", " ", text))
     text = _JUXTAPOSED.sub(";", _WORD.sub(";", text))
     return [
         part
@@ -254,7 +256,7 @@ def prose_dropped(clause: str) -> str:
     """A clause's math alone: `\\text{}` opened, parentheses of words, words and `.` dropped."""
     text = PROSE_PARENTHESIS.sub(" ", clause)
     text = _WRAPPED_TEXT.sub(r" \1 ", text)
-    text = re.sub(r"\*\*", " ", text)
+    text = _BOLD.sub(" ", text)
     return _WORD.sub(" ", text).strip().rstrip(".!?:").strip()
 
 
