@@ -261,6 +261,8 @@ def _parse_clause(clause: str) -> list:
     if _MATH_DELIMITERS.search(clause):
         return _parsed(drop_percent(clause))
     math = drop_percent(screen.prose_dropped(clause))
+    if re.search(r"[-+*/=^]\s*$|^\s*[*/=^]", math):  # an operand was a word: "42 + foo"
+        return []
     return _parsed("\\boxed{" + math + "}" if "\\" in math else math)
 
 

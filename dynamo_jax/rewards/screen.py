@@ -77,8 +77,9 @@ _CODE = re.compile(
     r"|\bif\b|\belse\b|\bfor\b|\bwhile\b|\breturn\b|\bdef\b|\bclass\b|\bnot\b"
     r"|(?<![\\A-Za-z])[A-Za-z_][A-Za-z_0-9]+\s*\(|\)\s*\(|\d\s*\(|[\w)\]]\.[A-Za-z_]"
 )
-# A parenthesis that holds words only ("12 (twelve)", "(in cm)") is prose, not a call.
-PROSE_PARENTHESIS = re.compile(r"\s*\((?:[A-Za-z][A-Za-z' ,.-]*)\)")
+# A parenthesis that holds words only, after a space ("12 (twelve)", "(in cm)"), is prose, not
+# a call (`foo(bar)`).
+PROSE_PARENTHESIS = re.compile(r"\s+\((?:[A-Za-z][A-Za-z' ,.-]*)\)")
 # A clause ends at a newline or at sentence punctuation followed by a space (or the end).
 _CLAUSE_END = re.compile(r"\n|[.!?](?=\s|$)")
 _CLAUSE_MAX = 300
