@@ -44,7 +44,7 @@ from sympy.core.cache import clear_cache
 
 from dynamo_jax.rewards import budget, number, screen
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.extract import box_spans, max_nesting_depth
+from dynamo_jax.rewards.extract import box_spans, matching_braces, max_nesting_depth
 from dynamo_jax.rewards.normalise import normalise
 from dynamo_jax.rewards.verdict import Status, Verdict
 
@@ -171,16 +171,29 @@ def precheck(text, cfg: RewardConfig) -> Verdict | None:
     return None
 
 
+def matching_braces_open(text: str) -> list[int]:
+    """Positions of the structural `{` that no `}` closes."""
+    closed = matching_braces(text)
+    return [
+        pos
+        for pos, char in enumerate(text)
+        if char == "{" and pos not in closed and not (pos and text[pos - 1] == "\\")
+    ]
+
+
 def gold_text(gold: str) -> str:
     """The gold with its own boxes and display delimiters opened (`\\[\\boxed{(7, 11)}\\]` is
-    `(7, 11)`): a gold is the value, not a completion."""
+    `(7, 11)`) and its unclosed braces closed: a gold is the value, not a completion."""
     spans = box_spans(gold)
     for start, end in reversed(spans):
         braced = gold[start - 1 : start] == "{"
         if braced and not any(s < start and end < e for s, e in spans):  # outermost only
             macro = gold.rfind("\\", 0, start)
             gold = gold[:macro] + gold[start:end] + gold[end + 1 :]
-    return re.sub(r"\\[\[\]]", " ", gold).strip() if "\\[" in gold else gold
+    if "\\[" in gold:
+        gold = re.sub(r"\\[\[\]]", " ", gold).strip()
+    unclosed = len(matching_braces_open(gold))
+    return gold + "}" * unclosed  # a gold whose braces do not close (a data defect) closed
 
 
 def _parse_gold(gold: str) -> list:

@@ -52,6 +52,7 @@ def bare(gold: str) -> str:
     """The gold without its `$` math delimiters and currency signs (what a box holds)."""
     text = _CURRENCY.sub("", gold)
     text = _unboxed(text)  # a gold written boxed (`\\[\\boxed{(7, 11)}\\]`)
+    text += "}" * max(0, text.count("{") - text.count("}"))  # a model closes what it opens
     text = re.sub(r"\\[\[\]]", " ", text)
     return re.sub(r"\s+", " ", text.replace("$", " ")).strip().rstrip(".").strip()
 
