@@ -192,6 +192,7 @@ def gold_text(gold: str) -> str:
             gold = gold[:macro] + gold[start:end] + gold[end + 1 :]
     if "\\[" in gold:
         gold = re.sub(r"\\[\[\]]", " ", gold).strip()
+    gold = re.sub(r"(?<=\D)\.\s*$", "", gold)  # `30^\\circ.`: a sentence's period
     unclosed = len(matching_braces_open(gold))
     return gold + "}" * unclosed  # a gold whose braces do not close (a data defect) closed
 

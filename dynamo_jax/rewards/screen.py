@@ -61,9 +61,11 @@ _DISJUNCTION = re.compile(
 _RANGE = re.compile(r"\d\s*(?:(?<!\\)\bto\b|\.\.\.?)\s*[-+]?\d")
 # Markdown bold around an answer (`**12**`), not Python's power between operands (`9**9`).
 _BOLD = re.compile(r"(?<![0-9A-Za-z)}\]])\*\*|\*\*(?![0-9A-Za-z({\[])")
-# Two numbers side by side, apart only by space ("12 13", `12 \\quad 13`): two values (a
-# signed one, `12 -13`, is a difference; a table, `\\begin{array}`, is checked as a whole).
-_JUXTAPOSED = re.compile(r"(?<=\d)(?:\s|\\quad|\\qquad|\\[,;: ]|~)+(?=\d)")
+# An answer that is numbers side by side, apart only by space ("12 13", `12 \\quad 13`): two
+# values (a signed one, `12 -13`, is a difference; `\\sin^2 80` and `\\dfrac 3 8` are one).
+_JUXTAPOSED = re.compile(
+    r"\s*[-+]?\d+(?:\.\d+)?(?:(?:\s|\\quad|\\qquad|\\[,;: ]|~)+\d+(?:\.\d+)?)+\s*"
+)
 # Two values where one is expected (checked only when the gold is one value).
 _CONJUNCTION = re.compile(r"\\(?:pm|mp|land|wedge)(?![A-Za-z])|(?<![\\A-Za-z])(?i:and)(?![A-Za-z])")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -184,7 +186,7 @@ def answer_reason(answer: str, gold: str) -> str | None:
             return "several final answers where the gold is one value"
         if len(top_level_parts(answer)) > 1:
             return "a list of answers where the gold is one value"
-        if "\\begin" not in answer and _JUXTAPOSED.search(answer):
+        if _JUXTAPOSED.fullmatch(answer) and not _JUXTAPOSED.fullmatch(gold.strip("$ ")):
             return "several values in the final answer where the gold is one value"
     gold_macros = set(_MACRO.findall(gold))  # the gold's own notation (`\\mho`) is known
     for name in _MACRO.findall(answer):
@@ -228,12 +230,13 @@ def clause_values(clause: str) -> list[str]:
     text = PROSE_PARENTHESIS.sub(" ", clause)
     text = _WRAPPED_TEXT.sub(r" \1 ", text)
     text = _BOLD.sub(" ", re.sub(r"\$|\\[()\[\]]", " ", text))
-    text = _JUXTAPOSED.sub(";", _WORD.sub(";", text))
-    return [
+    text = _WORD.sub(";", text)
+    parts = [
         part
         for part in top_level_parts(text)
         if re.search(r"[0-9A-Za-z]", part) and part.strip(" .!?:") not in ("", "a", "A", "I")
     ]
+    return [v for p in parts for v in (p.split() if _JUXTAPOSED.fullmatch(p.rstrip(".")) else [p])]
 
 
 def cue_clause(text: str) -> str | None:
