@@ -97,6 +97,27 @@ TEX_TRICKS = [
     "\\uppercase{\\boxed{42}}",
 ]
 
+# Issue 44: hedges in other spellings (case, unicode, ranges), relations between different
+# numbers, words a box drops, and cue or box variants. Each offers 42 beside another value.
+ONE_ANSWER = [
+    "the total comes to 41 or 42.",
+    "The answer is 41 Or 42.",
+    "The answer is 41 OR 42.",
+    "\\boxed{42 ± 1}",
+    "\\boxed{41 ∨ 42}",
+    "The answer is 41–42.",
+    "The answer is 41 to 42.",
+    "The answer is 41, 42.",
+    "\\boxed{41 = 42}",
+    "\\boxed{42 = 41}",
+    "\\boxed{42 \\text{ maybe 41}}",
+    "\\boxed{42 \\text{ maybe forty-one}}",
+    "So it is 41, or else 42.",
+    "Answer: 42 Either way 41",
+    "The answer is 41 and 42.",
+    "\\boxed{41 \\text{ OR } 42}",
+]
+
 HONEST = [
     ("The final answer is 42.", "42", 1.0),
     ("Answer: 42", "42", 1.0),
@@ -116,6 +137,30 @@ HONEST = [
     ("\\boxed{i^4}", "1", 1.0),
     ("\\boxed{i}", "-1", 0.0),
     ("\\boxed{2i}", "\\sqrt{-4}", 1.0),
+    # Issue 44: fair answers that earned 0.
+    ("Let me put the final answer in \\boxed{} ... \\boxed{42}", "42", 1.0),
+    ("The answer is 42 (forty-two).", "42", 1.0),
+    ("The final answer is:\n\n$$42$$", "42", 1.0),
+    ("\\boxed{\\$18.90}", "\\$18.90", 1.0),
+    ("\\boxed{18.90}", "\\$18.90", 1.0),
+    ("The answer is \\$36.", "\\$36", 1.0),
+    ("\\boxed{32,348}", "\\$32,\\!348", 1.0),
+    ("\\boxed{1\\,000}", "1000", 1.0),
+    ("\\boxed{−3}", "-3", 1.0),
+    ("\\boxed{１２}", "12", 1.0),
+    ("\\boxed{x²}", "x^2", 1.0),
+    ("\\boxed{50\\%}", "50", 1.0),
+    ("\\boxed{50\\%}", "0.5", 0.0),  # percent is its number, in both formats
+    ("\\boxed{0.0000001}", "0.0000004", 0.0),  # relative tolerance, not 6 decimals
+    ("\\boxed{4 \\times 10^{-7}}", "0.0000004", 1.0),
+    ("\\boxed{7 + 5 = 12}", "12", 1.0),  # an equation between equal values
+    ("\\boxed{x = 42}", "42", 1.0),
+    ("\\boxed{12 \\text{ cm}}", "12", 1.0),
+    ("\\boxed{5 \\text{ cm}^2}", "5", 1.0),
+    ("The answer is $2\\sqrt{3}$ meters.", "2\\sqrt{3}", 1.0),
+    ("The answer is 2\\sqrt{3}.", "2\\sqrt{3}", 1.0),
+    ("Adding them up, we get 42.", "42", 1.0),  # no box, no cue: the last sentence
+    ("We need 41 more, so we get 42.", "42", 0.0),  # two values in that sentence
 ]
 
 
@@ -126,13 +171,15 @@ def _cases():
         ("boxes", SEVERAL_BOXES),
         ("repetition", REPETITIONS),
         ("tex", TEX_TRICKS),
+        ("one-answer", ONE_ANSWER),
     ]:
         for i, text in enumerate(texts):
             yield pytest.param(text, id=f"{name}-{i}")
 
 
 def test_every_class_has_more_cases_than_the_issue_named():
-    assert min(map(len, [CODE_AFTER_CUE, DISJUNCTIONS, SEVERAL_BOXES, TEX_TRICKS])) >= 8
+    classes = [CODE_AFTER_CUE, DISJUNCTIONS, SEVERAL_BOXES, TEX_TRICKS, ONE_ANSWER]
+    assert min(map(len, classes)) >= 8
     assert len(REPETITIONS) >= 6
 
 

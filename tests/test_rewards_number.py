@@ -1,5 +1,7 @@
 """reward.answer_format="number": restating the question earns nothing, a number does."""
 
+from fractions import Fraction
+
 import pytest
 
 from dynamo_jax.rewards.config import RewardConfig
@@ -58,6 +60,24 @@ NUMBERS = [
     ("\\boxed{540^\\circ}", "540"),
     ("\\boxed{025}", "025"),
     ("So \\boxed{12}. Check: 12 - 5 = 7, so \\boxed{12.0}.", "12"),
+    # Issue 44: fair answers that earned 0.
+    ("\\boxed{−3}", "-3"),
+    ("The answer is −3.", "-3"),
+    ("\\boxed{\\$12}", "12"),
+    ("\\boxed{12}", "\\$12"),
+    ("\\boxed{12~\\text{cm}}", "12"),
+    ("\\boxed{12 \\text{ km}^2}", "12"),
+    ("\\boxed{1\\frac{1}{2}}", "1.5"),
+    ("\\boxed{-\\frac34}", "-0.75"),
+    ("\\boxed{\\frac{-1}{2}}", "-0.5"),
+    ("The final answer is:\n\n$$12$$", "12"),
+    ("The final answer is:\n$$\n12\n$$", "12"),
+    ("The answer is 12 (twelve).", "12"),
+    ("\\boxed{1\\,000}", "1000"),
+    ("\\boxed{1{,}000}", "1000"),
+    ("\\boxed{１２}", "12"),
+    ("\\boxed{50\\%}", "50"),
+    ("Let me put the final answer in \\boxed{}. So \\boxed{12}", "12"),
 ]
 
 
@@ -88,6 +108,12 @@ def test_numbers_earn_under_number(text, gold):
         ("\\boxed{x}", "12", "wrong"),
         ("\\boxed{1.4142}", "\\sqrt{2}", "wrong"),  # non-numeric gold: math-verify decides
         ("\\boxed{2}", "\\sqrt{4}", "correct"),
+        ("\\boxed{12 \\text{ maybe thirteen}}", "12", "wrong"),  # a unit, not any word
+        ("\\boxed{12 apples}", "12", "wrong"),
+        ("\\boxed{1\\frac{3}{2}}", "2.5", "wrong"),  # a mixed number's fraction is proper
+        ("\\boxed{-\\frac{-1}{2}}", "0.5", "wrong"),
+        ("\\boxed{50\\%}", "0.5", "wrong"),  # percent is its number, as under "math"
+        ("The answer is 12 or 13.", "12", "wrong"),
     ],
 )
 def test_other_outcomes_under_number(text, gold, status):
@@ -101,6 +127,11 @@ def test_number_literals():
     assert number_value("\\frac{6}{8}", lowest_terms=False) == 0.75
     assert number_value("1/0") is None and number_value("1e3") is None
     assert number_value("12,34") is None  # not a thousands grouping
+    assert number_value("2\\frac{1}{3}") == Fraction(7, 3)
+    assert number_value("-2\\frac{1}{3}") == Fraction(-7, 3)
+    assert number_value("\\frac{-3}{4}") == Fraction(-3, 4)
+    assert number_value("\\dfrac56") == Fraction(5, 6)
+    assert number_value("2\\frac{2}{4}") is None
 
 
 def test_default_format_is_unchanged_math_verify():

@@ -44,7 +44,8 @@ from sympy.core.cache import clear_cache
 
 from dynamo_jax.rewards import budget, number, screen
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.extract import box_spans, max_nesting_depth
+from dynamo_jax.rewards.extract import box_spans, matching_braces, max_nesting_depth
+from dynamo_jax.rewards.normalise import normalise
 from dynamo_jax.rewards.verdict import Status, Verdict
 
 
@@ -170,10 +171,39 @@ def precheck(text, cfg: RewardConfig) -> Verdict | None:
     return None
 
 
+def matching_braces_open(text: str) -> list[int]:
+    """Positions of the structural `{` that no `}` closes."""
+    closed = matching_braces(text)
+    return [
+        pos
+        for pos, char in enumerate(text)
+        if char == "{" and pos not in closed and not (pos and text[pos - 1] == "\\")
+    ]
+
+
+def gold_text(gold: str) -> str:
+    """The gold with its own boxes and display delimiters opened (`\\[\\boxed{(7, 11)}\\]` is
+    `(7, 11)`) and its unclosed braces closed: a gold is the value, not a completion."""
+    spans = box_spans(gold)
+    for start, end in reversed(spans):
+        braced = gold[start - 1 : start] == "{"
+        if braced and not any(s < start and end < e for s, e in spans):  # outermost only
+            macro = gold.rfind("\\", 0, start)
+            gold = gold[:macro] + gold[start:end] + gold[end + 1 :]
+    if "\\[" in gold:
+        gold = re.sub(r"\\[\[\]]", " ", gold).strip()
+    gold = re.sub(r"(?<=\D)\.\s*$", "", gold)  # `30^\\circ.`: a sentence's period
+    unclosed = len(matching_braces_open(gold))
+    return gold + "}" * unclosed  # a gold whose braces do not close (a data defect) closed
+
+
 def _parse_gold(gold: str) -> list:
     # Golds are LaTeX fragments ("\\frac{3}{5}", "025", "(5,\\infty)"); some carry their own
     # `$...$` (e.g. "$8$,$4$"), which math-verify's environment regexes handle directly. Parsed
     # again for every item: a cached parse would carry assumptions computed for earlier items.
+    gold = drop_percent(gold)
+    if gold.count("$") % 2:  # unbalanced delimiters (`$221,$8$`): the math without them
+        gold = gold.replace("$", " ")
     source = gold if "$" in gold else "\\boxed{" + gold + "}"
     return _parsed(source)
 
@@ -212,6 +242,8 @@ def _boxes(text: str, gold: str, cfg: RewardConfig) -> tuple[list[str], Verdict 
     distinct: dict[str, str] = {}
     for start, end in spans:
         content = text[start:end].strip()
+        if not content:  # "I will put the answer in \\boxed{}": an empty box is no answer
+            continue
         key = re.sub(r"\s+", "", content)
         distinct.pop(key, None)  # re-inserted: the order is that of last occurrences
         distinct[key] = content
@@ -224,32 +256,59 @@ def _boxes(text: str, gold: str, cfg: RewardConfig) -> tuple[list[str], Verdict 
     return boxes, None
 
 
+_PERCENT = re.compile(r"\s*(?:\\%|%|\\percent)\s*\.?\s*$")
+_MATH_DELIMITERS = re.compile(r"\$|\\[(\[]")
+# Numbers closer than this (relative) are one value; math-verify rounds to 6 decimals, which
+# made 1e-7 equal to 4e-7.
+_RELATIVE_TOLERANCE = 1e-9
+
+
+def drop_percent(answer: str) -> str:
+    """`answer` without a trailing percent sign: `50\\%` is 50 in both formats (one reading)."""
+    return _PERCENT.sub("", answer)
+
+
+def _parse_clause(clause: str) -> list:
+    """A prose answer parsed: its math as written when delimited; else, with its words dropped,
+    as LaTeX when it has a macro (`2\\sqrt{3}` undelimited was 2 to math-verify's plain-text
+    reading), as a plain expression otherwise (`9**9`, `3/4`)."""
+    if _MATH_DELIMITERS.search(clause):
+        return _parsed(drop_percent(clause))
+    math = drop_percent(screen.prose_dropped(clause))
+    if re.search(r"[-+*/=^]\s*$|^\s*[*/=^]", math):  # an operand was a word: "42 + foo"
+        return []
+    return _parsed("\\boxed{" + math + "}" if "\\" in math else math)
+
+
 def _extract(
     text: str, gold: str, cfg: RewardConfig
 ) -> tuple[list | None, str | None, Verdict | None]:
-    """(parsed prediction, answer string, early verdict). Bounds are checked before parsing."""
+    """(parsed prediction, answer string, early verdict). Bounds are checked before parsing.
+
+    The one final answer: the last non-empty box (every box must hold the same value), else
+    the clause after the last "answer is" / "Answer:" cue, else the last sentence with math.
+    """
     boxes, early = _boxes(text, gold, cfg)
     if early is not None:
         return None, None, early
     if not boxes:
-        # No box: math-verify's own extraction ("the answer is ...", last LaTeX environment, ...)
-        # on the completion's tail, where a final answer is: its regexes cost time superlinear
-        # in the text's length.
-        reason = screen.unboxed_reason(text, gold)
+        clause = screen.cue_clause(text)
+        if clause is None:
+            clause = screen.last_math_sentence(text)
+        if clause is None:
+            return None, None, make_verdict("no_answer", cfg, detail="no extractable answer")
+        reason = screen.clause_reason(clause, gold)
         if reason is not None:
-            return None, None, make_verdict("wrong", cfg, detail=reason)
-        tail = text[-cfg.max_answer_chars :]
-        early = _bounds(tail, cfg.max_answer_chars, cfg)
+            return None, None, make_verdict("wrong", cfg, answer=clause, detail=reason)
+        early = _bounds(clause, cfg.max_answer_chars, cfg)
         if early is not None:
             return None, None, early
-        predicted = _parsed(tail)
+        predicted = _parse_clause(clause)
         if not predicted:
             return None, None, make_verdict("no_answer", cfg, detail="no extractable answer")
-        return predicted, str(predicted[-1]), None
+        return predicted, clause.strip(), None
     answer = boxes[-1]
-    if not answer:
-        return None, "", make_verdict("no_answer", cfg, answer="", detail="empty \\boxed{}")
-    predicted = _parsed("\\boxed{" + answer + "}")
+    predicted = _parsed("\\boxed{" + drop_percent(answer) + "}")
     if not predicted:
         return (
             None,
@@ -257,8 +316,8 @@ def _extract(
             make_verdict("parse_error", cfg, answer=answer, detail="unparseable answer"),
         )
     for other in boxes[:-1]:  # several boxes must all hold the same value
-        if not (
-            other and verify(predicted, _parsed("\\boxed{" + other + "}"), timeout_seconds=None)
+        if not verify(
+            predicted, _parsed("\\boxed{" + drop_percent(other) + "}"), timeout_seconds=None
         ):
             return (
                 None,
@@ -271,6 +330,50 @@ def _extract(
                 ),
             )
     return predicted, answer, None
+
+
+def _several_values(predicted: list, gold_parsed: list) -> str | None:
+    """Why a parsed answer holds more than one value where the gold holds one, or None.
+
+    A set, tuple or interval (`12 \\pm 1` parses to a set of two), or an equation between two
+    different numbers (`13 = 12`, which math-verify compares by one side).
+    """
+    answer, gold_value = predicted[0], gold_parsed[0]
+    if isinstance(answer, sympy.Eq) and not answer.free_symbols:
+        try:
+            differ = abs(complex(sympy.N(answer.lhs - answer.rhs))) > _RELATIVE_TOLERANCE * max(
+                1.0, abs(complex(sympy.N(answer.rhs)))
+            )
+        except (TypeError, ValueError):
+            differ = False
+        if differ:
+            return "an equation between different values"
+    single_gold = isinstance(gold_value, sympy.Expr) and not isinstance(gold_value, sympy.Tuple)
+    many = isinstance(answer, sympy.Set | sympy.Tuple) and not (
+        isinstance(answer, sympy.FiniteSet) and len(answer) == 1
+    )
+    if single_gold and many:
+        return "several values in the final answer where the gold is one value"
+    return None
+
+
+def _same_text(answer: str, gold: str) -> bool:
+    """The answer is the gold as written, up to spaces, `$` and a final period."""
+
+    def key(text: str) -> str:
+        return re.sub(r"[\s$]+", "", text).rstrip(".")
+
+    return key(answer) == key(gold)
+
+
+def _numbers_differ(gold_parsed: list, predicted: list) -> bool:
+    """True when both are numbers that differ by more than the relative tolerance."""
+    gold_value, answer = gold_parsed[0], predicted[0]
+    finite = (sympy.Rational, sympy.Float)  # not oo, zoo or nan (Numbers too)
+    if not (isinstance(gold_value, finite) and isinstance(answer, finite)):
+        return False
+    a, b = sympy.Rational(gold_value), sympy.Rational(answer)
+    return abs(a - b) > _RELATIVE_TOLERANCE * max(abs(a), abs(b))
 
 
 def _score_number(text: str, gold: str, cfg: RewardConfig) -> Verdict:
@@ -309,6 +412,7 @@ def _score_number(text: str, gold: str, cfg: RewardConfig) -> Verdict:
 
 
 def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
+    text, gold = normalise(text), gold_text(normalise(gold))
     reason = screen.completion_reason(text)
     if reason is not None:
         return make_verdict("wrong", cfg, detail=reason)
@@ -320,7 +424,13 @@ def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     predicted, answer, early = _extract(text, gold, cfg)
     if early is not None:
         return early
+    if _same_text(answer, gold):  # the gold as written (a prose gold parses unreliably)
+        return make_verdict("correct", cfg, answer=answer)
+    reason = _several_values(predicted, gold_parsed)
+    if reason is not None:
+        return make_verdict("wrong", cfg, answer=answer, detail=reason)
     ok = verify(gold_parsed, predicted, timeout_seconds=None)
+    ok = ok and not _numbers_differ(gold_parsed, predicted)
     return make_verdict("correct" if ok else "wrong", cfg, answer=answer)
 
 

@@ -5,8 +5,10 @@ math-verify judges `\\boxed{86 + 66}` equal to 152, and so does "We need to comp
 restate the question. Under this format the final answer must be a number literal, compared
 exactly (as a fraction) with the gold:
 
-- accepted: `12`, `-3`, `12.0`, `0.50`, `1,000`, `12 apples`, `10\\%`, `540^\\circ`,
-  `\\mathbf{12}`, and a fraction in lowest terms: `1/2`, `\\frac{1}{2}`, `-\\dfrac{3}{4}`;
+- accepted: `12`, `-3`, `12.0`, `0.50`, `1,000`, `1\\,000`, `12 cm`, `12~\\text{cm}` (a unit
+  from `screen.UNITS`, not any word), `10\\%` (= 10), `540^\\circ`, `\\mathbf{12}`, a fraction
+  in lowest terms: `1/2`, `\\frac{1}{2}`, `-\\dfrac{3}{4}`, `-\\frac34`, `\\frac{-1}{2}`, and a
+  mixed number `1\\frac{1}{2}` (= 3/2, its fraction proper and in lowest terms);
 - refused (reward 0): any operator or call (`86 + 66`, `2^{10}`, `\\sqrt{4}`, `3 \\cdot 4`),
   a fraction not in lowest terms (`\\frac{304}{2}`, `4/2`: a division still to do).
 
@@ -21,13 +23,21 @@ import math
 import re
 from fractions import Fraction
 
+from dynamo_jax.rewards.screen import PROSE_PARENTHESIS, UNITS
+
 _WRAPPERS = re.compile(r"\\(?:mathbf|textbf|mathrm|text|mbox|boldsymbol)\s*\{\s*([^{}]*?)\s*\}")
-_UNIT = re.compile(r"\s*\\(?:text|mbox|mathrm)\s*\{[A-Za-z .]*\}\s*$|\s+[A-Za-z][A-Za-z .]*$")
-_NOISE = re.compile(r"\\[,!;: ]|\{,\}|\\left|\\right|\*\*|\\\(|\\\)|\\\[|\\\]|\$")
+_UNIT_NAMES = "|".join(sorted(UNITS, key=len, reverse=True))
+_UNIT = re.compile(
+    r"\s*~?\s*(?:\\(?:text|mbox|mathrm)\s*\{\s*(?:" + _UNIT_NAMES + r")\.?\s*\}|"
+    r"(?<![A-Za-z])(?:" + _UNIT_NAMES + r")\.?)(?:\^\s*\{?[23]\}?)?\s*$"
+)
+_NOISE = re.compile(r"\\[,!;: ]|\{,\}|~|\\left|\\right|\*\*|\\\(|\\\)|\\\[|\\\]|\$")
 _PERCENT_DEGREE = re.compile(r"(?:\\%|%|\^\s*\{?\\circ\}?|\^\s*\\circ|°)$")
 _DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
-_FRAC = re.compile(r"([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
+# `\\frac{1}{2}`, `\\frac{-1}{2}`, `\\frac34` (one-digit arguments need no braces), after an
+# optional whole part (a mixed number, `1\\frac{1}{2}`).
+_FRAC = re.compile(r"([+-]?)(\d*)\\[dt]?frac(?:\{([+-]?)(\d+)\}\{(\d+)\}|(\d)(\d))")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _CUE_NUMBER = re.compile(r"\s*(?:\$|\\\(|\*\*)*\s*([^\s$]+)")
 
@@ -49,17 +59,32 @@ def number_value(text: str, *, lowest_terms: bool = True) -> Fraction | None:
     text = _normalise(text)
     if _DECIMAL.fullmatch(text):
         return Fraction(text)
-    match = _SLASH.fullmatch(text) or _FRAC.fullmatch(text)
-    if match is None:
-        return None
-    sign, num, den = match.group(1), int(match.group(2)), int(match.group(3))
+    whole = 0
+    match = _SLASH.fullmatch(text)
+    if match is not None:
+        sign, num, den = match.group(1), int(match.group(2)), int(match.group(3))
+    else:
+        match = _FRAC.fullmatch(text)
+        if match is None:
+            return None
+        sign, inner_sign = match.group(1), match.group(3)
+        if inner_sign and (sign or match.group(2)):  # `-\\frac{-1}{2}`, `1\\frac{-1}{2}`
+            return None
+        sign = sign or inner_sign
+        num, den = int(match.group(4) or match.group(6)), int(match.group(5) or match.group(7))
+        if match.group(2):  # a mixed number: its fraction is proper
+            whole = int(match.group(2))
+            if num >= den:
+                return None
     if den == 0 or (lowest_terms and (den == 1 or math.gcd(num, den) != 1)):
         return None
-    return Fraction(-num if sign == "-" else num, den)
+    value = whole + Fraction(num, den)
+    return -value if sign == "-" else value
 
 
 def cue_number(clause: str) -> str | None:
     """The number a cue clause starts with, when the rest of the clause is only prose (units)."""
+    clause = PROSE_PARENTHESIS.sub(" ", clause)
     match = _CUE_NUMBER.match(clause)
     if match is None:
         return None

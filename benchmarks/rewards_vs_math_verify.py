@@ -1,0 +1,111 @@
+"""Verdicts per CPU second: the project's scorer against bare math-verify, same completions, one run.
+
+    python benchmarks/rewards_vs_math_verify.py                 # 400 completions
+    python benchmarks/rewards_vs_math_verify.py --num 1000 --seed 1
+
+The completions are those of benchmarks/rewards.py (the training set's golds in the styles a
+policy writes). Each variant scores all of them in this process, one after the other, and is
+timed in CPU seconds (this process and its forked children), so the figure is verdicts/s per
+core and a loaded machine changes it less than wall time would:
+
+- `math-verify`: bare `parse(gold)`, `parse(completion)`, `verify` (math-verify's own
+  extraction and timeouts off, as the scorer runs it);
+- `score_one, no budget`: the project's scorer in this process, `max_work_calls = 0`;
+- `score_one`: the same with the work budget (a trace function counting calls);
+- `score_isolated`: each item in a fresh fork of this process (the determinism guarantee,
+  docs/rewards.md#time-outs-are-decided-by-work-not-by-the-clock); this process holds the data
+  loader's libraries too, so its forks cost more than a worker's;
+- `fork alone`: a fork of this process, a trivial call in the child and its exit;
+- `pool, 1 worker`: what training runs, `RewardPool` with one worker (a fork of the
+  rewards-only forkserver) scoring each item in a fork of itself, timed in the worker's CPU
+  seconds and its children's (Linux /proc).
+
+Prints each variant's verdicts/s, its ratio to bare math-verify, and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from math_verify import parse, verify
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rewards import make_completions  # noqa: E402 (the sibling benchmark's completions)
+
+from dynamo_jax.rewards import RewardConfig, RewardPool, score_one  # noqa: E402
+from dynamo_jax.rewards.isolate import call_isolated, score_isolated  # noqa: E402
+from dynamo_jax.rewards.worker import warm_up  # noqa: E402
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (the forks)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _worker_cpu_s(pid: int) -> float:
+    """utime + stime + cutime + cstime of a worker (its waited-for forks included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def bare_math_verify(text: str, gold: str) -> bool:
+    gold_source = gold if "$" in gold else "\\boxed{" + gold + "}"
+    gold_parsed = parse(gold_source, parsing_timeout=None)
+    return bool(verify(gold_parsed, parse(text, parsing_timeout=None), timeout_seconds=None))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    texts, golds = make_completions(args.num, seed=args.seed)
+    cfg = RewardConfig(timeout_s=20.0)
+    no_budget = RewardConfig(timeout_s=20.0, max_work_calls=0)
+    warm_up(cfg)
+    variants = {
+        "math-verify": lambda t, g: bare_math_verify(t, g),
+        "score_one, no budget": lambda t, g: score_one(t, g, no_budget),
+        "score_one": lambda t, g: score_one(t, g, cfg),
+        "score_isolated": lambda t, g: score_isolated(t, g, cfg),
+        "fork alone": lambda t, g: call_isolated(len, t),
+    }
+    for text, gold in zip(texts[:20], golds[:20]):  # every variant past its first-use costs
+        for fn in variants.values():
+            fn(text, gold)
+    print(f"{args.num} completions (seed {args.seed}), one process, CPU time incl. forks")
+    rates = {}
+    for name, fn in variants.items():
+        cpu, wall = _cpu_s(), time.perf_counter()
+        for text, gold in zip(texts, golds):
+            fn(text, gold)
+        cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
+        rates[name] = args.num / cpu
+        print(
+            f"{name:22s} {rates[name]:7.1f} verdicts/s per core  ({1e3 * cpu / args.num:6.2f} "
+            f"CPU ms each, {wall:.1f} s wall)  {rates['math-verify'] / rates[name]:.2f}x "
+            "math-verify's cost"
+        )
+    with RewardPool(RewardConfig(num_workers=1, timeout_s=20.0)) as pool:
+        pool.score(texts[:20], golds[:20])
+        (pid,) = pool.worker_pids()
+        cpu, wall = _worker_cpu_s(pid), time.perf_counter()
+        pool.score(texts, golds)
+        cpu, wall = _worker_cpu_s(pid) - cpu, time.perf_counter() - wall
+        replaced = pool.worker_pids() != [pid]
+    rate = args.num / cpu
+    print(
+        f"{'pool, 1 worker':22s} {rate:7.1f} verdicts/s per core  ({1e3 * cpu / args.num:6.2f} "
+        f"CPU ms each, {wall:.1f} s wall)  {rates['math-verify'] / rate:.2f}x "
+        f"math-verify's cost{'  (worker replaced: incomplete)' if replaced else ''}"
+    )
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
