@@ -209,7 +209,10 @@ OTHER_PROJECTS = {
     "HfApi",  # huggingface_hub's client class
 }
 PLACEHOLDERS = {"module.function"}  # docs/algorithm.md's statement of the convention
-FILE_SUFFIXES = {"json", "jsonl", "safetensors", "log", "md", "toml", "sh", "txt", "png", "gguf", "lock"}
+FILE_SUFFIXES = {
+    *("json", "jsonl", "safetensors", "gguf", "log", "lock"),
+    *("md", "toml", "sh", "txt", "png"),
+}
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 PY_PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)*\.py(?:::(\w+))?")
