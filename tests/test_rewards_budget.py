@@ -52,12 +52,32 @@ def test_call_counts_are_a_function_of_the_input():
     assert [_calls(t, "0.6") for t in texts] == first
 
 
+_HISTORY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_rewards_budget as t
+text = "\\\\boxed{\\\\left( \\\\frac{7}{13}, \\\\sqrt{17} \\\\right]}"
+t.warm_up()
+fresh = t._calls(text, "1")
+t.score_one(text, "1", t.CFG)
+print(fresh, t._count(text, "1", t.CFG))
+"""
+
+
 def test_in_process_counts_depend_on_history_which_is_why_workers_fork():
-    # What isolate.py is for: ANTLR's prediction cache grows with every input it parses.
-    text = "\\boxed{\\left( \\frac{7}{13}, \\sqrt{17} \\right]}"
-    fresh = _calls(text, "1")
-    score_one(text, "1", CFG)
-    assert _count(text, "1", CFG) < fresh
+    # What isolate.py is for: ANTLR's prediction cache grows with every input it parses. Shown
+    # in a fresh interpreter from the workers' warm state: in this process, what other test
+    # files scored before (and Python's bounded `re` pattern cache, which evicts) can move the
+    # count either way, which is the point, but not a fixed direction to assert.
+    out = subprocess.run(
+        [sys.executable, "-c", _HISTORY, os.path.dirname(__file__)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    fresh, after = map(int, out.stdout.split()[-2:])
+    assert after < fresh, (fresh, after)
 
 
 def test_the_budget_edge_is_exact():
