@@ -23,8 +23,8 @@ from dynamo_jax.config import RunConfig
 from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch
+from dynamo_jax.loop.report import timed as _timed
 from dynamo_jax.losses import rollout_correction
-from dynamo_jax.reporting.report import timed as _timed
 from dynamo_jax.rollout.pipeline import RolloutPipeline, TakenBatch
 from dynamo_jax.sharding import multihost
 from dynamo_jax.step.forward import LogprobFn

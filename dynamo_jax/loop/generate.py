@@ -19,7 +19,7 @@ from dynamo_jax import tasks
 from dynamo_jax.allocation import AllocationResult, PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.loop import assemble, dynamic_sampling
-from dynamo_jax.reporting.report import timed
+from dynamo_jax.loop.report import timed
 from dynamo_jax.rollout.pipeline import BatchPlan, RolloutPipeline, TakenBatch, check_versions
 from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
 from dynamo_jax.seeds import ROLLOUT, step_seed

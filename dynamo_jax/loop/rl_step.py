@@ -18,7 +18,7 @@
    (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
    train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
 7. allocator history and temperature scheduler are updated (`record`), weights pushed to the
-   engine; the step's metrics line is assembled (reporting/report.py `step_metrics`).
+   engine; the step's metrics line is assembled (loop/report.py `step_metrics`).
 With `train.max_staleness` = k ≥ 1, step t requests the batch of step t+k (steps 1-2 for it)
 before its own update and trains on the batch step t−k requested: rollout/pipeline.py states the
 versions, the off-policy arithmetic and what is checked; rollout/background.py how the vLLM
@@ -49,8 +49,8 @@ from dynamo_jax.loop.behaviour_pass import (
 )
 from dynamo_jax.loop.build import Trainer
 from dynamo_jax.loop.generate import Drawn, generate, request, resample, score
-from dynamo_jax.reporting.report import UpdateResult, entropy_mean, step_metrics
-from dynamo_jax.reporting.report import timed as _timed
+from dynamo_jax.loop.report import UpdateResult, entropy_mean, step_metrics
+from dynamo_jax.loop.report import timed as _timed
 from dynamo_jax.seeds import MINI_BATCH, step_seed
 from dynamo_jax.sharding import multihost
 from dynamo_jax.step.state import TrainState

@@ -53,10 +53,10 @@ from dynamo_jax.errors import ConfigError, DiskFullError, RunFailedError, UserEr
 from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.loop.behaviour_pass import row_layouts
 from dynamo_jax.loop.build import Trainer, build_trainer
+from dynamo_jax.loop.report import timed as _timed
 from dynamo_jax.loop.rl_step import rl_step
 from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabytes
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
-from dynamo_jax.reporting.report import timed as _timed
 from dynamo_jax.reporting.summary import RunSummary, Status, format_summary, summary_values
 from dynamo_jax.sharding import multihost
 from dynamo_jax.sharding.rules import replicated

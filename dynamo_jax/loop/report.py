@@ -17,7 +17,7 @@ import numpy as np
 
 from dynamo_jax.allocation import AllocationResult
 
-if TYPE_CHECKING:  # the loop's batch type, for annotations only: reporting sits below the loop
+if TYPE_CHECKING:  # annotations only: assemble builds the batch, this module only reads it
     from dynamo_jax.loop.assemble import RolloutBatch
 
 

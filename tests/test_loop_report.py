@@ -6,7 +6,7 @@ import numpy as np
 from dynamo_jax.allocation import AllocationResult
 from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch
-from dynamo_jax.reporting.report import UpdateResult, step_metrics
+from dynamo_jax.loop.report import UpdateResult, step_metrics
 from dynamo_jax.rollout.protocol import Completion
 
 
