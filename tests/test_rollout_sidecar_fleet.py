@@ -21,10 +21,11 @@ import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
 from configs import tiny
+from dynamo_jax import engine_factory as factory
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.errors import SidecarError
 from dynamo_jax.models import hf_io
-from dynamo_jax.rollout import factory, sidecar_client, weight_push
+from dynamo_jax.rollout import sidecar_client, weight_push
 from dynamo_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from dynamo_jax.rollout.process_split import SplitEngine
 from dynamo_jax.rollout.protocol import Request, SamplingParams

@@ -22,9 +22,9 @@ import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
 from configs import tiny
+from dynamo_jax import engine_factory as factory
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.models import hf_io
-from dynamo_jax.rollout import factory
 from dynamo_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from dynamo_jax.rollout.protocol import Request, SamplingParams
 

@@ -19,10 +19,10 @@ from dynamo_jax import tasks
 from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.config import RunConfig
+from dynamo_jax.engine_factory import build_engine
 from dynamo_jax.loop.assemble import build_batch
 from dynamo_jax.loop.behaviour_pass import layout_key, old_logprobs, row_layouts
 from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
-from dynamo_jax.rollout.factory import build_engine
 from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline
 from dynamo_jax.rollout.protocol import RolloutEngine
 from dynamo_jax.sharding.mesh import build_mesh

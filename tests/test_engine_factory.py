@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from dynamo_jax import engine_factory as factory
 from dynamo_jax.config import from_config_dict
 from dynamo_jax.errors import ConfigError
-from dynamo_jax.rollout import factory, sidecar_client, weight_push
+from dynamo_jax.rollout import sidecar_client, weight_push
 from dynamo_jax.rollout.process_split import SplitEngine
 
 
