@@ -1,7 +1,7 @@
 """Dry-run memory grid for the scaling notes (docs/scaling.md): Qwen2.5-Math-7B and Qwen3-14B.
 
 Compiles the real train step (forward, DynaMO loss, backward, AdamW update) for each row on
-simulated CPU devices, one subprocess per row (`dynamo_jax.sharding.planner.run_dry_run`), and
+simulated CPU devices, one subprocess per row (`dynamo_jax.step.planner.run_dry_run`), and
 prints a markdown table of per-device memory. Nothing is allocated; each row takes ~1-2 min on a
 2-core machine. Named peer: the same 7B shape with remat off, to show what remat buys
 (printed as the ratio of temporaries, remat=none / remat=full).
@@ -26,7 +26,7 @@ import time
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.sharding.mesh import MeshConfig
-from dynamo_jax.sharding.planner import GIB, run_dry_run
+from dynamo_jax.step.planner import GIB, run_dry_run
 
 # (preset, devices, mesh shape, global batch, seq len, micro-batches, remat policy[, attention])
 GRID = [

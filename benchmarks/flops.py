@@ -39,7 +39,7 @@ import jax  # noqa: E402
 from dynamo_jax.losses import LossConfig  # noqa: E402
 from dynamo_jax.models.presets import get_preset  # noqa: E402
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh  # noqa: E402
-from dynamo_jax.sharding.planner import _with_shardings, abstract_batch, default_optimizer  # noqa: E402
+from dynamo_jax.step.planner import _with_shardings, abstract_batch, default_optimizer  # noqa: E402
 
 POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # Dense BF16 peaks (no sparsity), from the vendors' datasheets.

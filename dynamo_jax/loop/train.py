@@ -152,7 +152,7 @@ def check_mesh(cfg: RunConfig) -> None:
     """The configured mesh fits the devices there are and splits every batch into whole rows per
     device (ConfigError naming config.mesh.shape): a run, or a resume on another mesh, that
     cannot is refused before anything is built, not by a traceback from the build."""
-    from dynamo_jax.sharding.planner import row_shards
+    from dynamo_jax.step.planner import row_shards
 
     used = len(jax.devices())
     shape = cfg.mesh.shape
@@ -281,7 +281,7 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
 
 def dry_run(cfg: RunConfig) -> dict:
     """The sharding planner on abstract shapes for this config's model, loss, mesh and batch."""
-    from dynamo_jax.sharding.planner import format_report, row_batch_shape, row_shards, run_dry_run
+    from dynamo_jax.step.planner import format_report, row_batch_shape, row_shards, run_dry_run
 
     layout, _ = row_layouts(cfg, row_shards(cfg.mesh, cfg.dry_run.num_devices))
     report = run_dry_run(

@@ -12,7 +12,7 @@ and reads the per-device sizes from the compiled executable:
 
 `run_dry_run(...)` does the same in a fresh subprocess whose XLA_FLAGS simulate the mesh's device
 count on CPU, which is what `launch.py --dry_run` calls (the parent's JAX may already be
-initialised with another device count). `python -m dynamo_jax.sharding.planner REQUEST.pkl
+initialised with another device count). `python -m dynamo_jax.step.planner REQUEST.pkl
 REPORT.json` is that subprocess's entry point.
 
 Batches are rows of `seq_len` token slots in `micro_batches` micro-batches (step/forward.py). A
@@ -52,6 +52,9 @@ import optax
 from dynamo_jax.models.config import ModelConfig
 from dynamo_jax.sharding.mesh import AXIS_NAMES, MeshConfig, build_mesh
 from dynamo_jax.sharding.rules import _as_axes_tuple, rule_axes
+from dynamo_jax.step.forward import PROMPT_FIELDS, SCALAR_FIELDS
+from dynamo_jax.step.state import abstract_train_state
+from dynamo_jax.step.train_step import make_train_step
 
 GIB = 1024**3
 CAVEAT = "CPU-compiled estimate: temporaries may differ on GPU/TPU; state bytes are exact"
@@ -100,8 +103,6 @@ def abstract_batch(
     batch_shardings: dict[str, Any], batch_size: int, seq_len: int
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """ShapeDtypeStructs for a train batch (forward.py's convention) with its shardings."""
-    from dynamo_jax.step.forward import PROMPT_FIELDS, SCALAR_FIELDS
-
     ints = ("tokens", "positions", "segment_ids", "sequence_index") + PROMPT_FIELDS
     dtypes = dict.fromkeys(ints, jnp.int32)
     out = {}
@@ -129,9 +130,6 @@ def plan(
 ) -> dict[str, Any]:
     """Compile the train step for this process's devices and return the memory report.
     `shared_prompts`: `RowLayout.shared_prompts` (train.share_prompts), None for unshared rows."""
-    from dynamo_jax.step.state import abstract_train_state
-    from dynamo_jax.step.train_step import make_train_step
-
     t0 = time.perf_counter()
     mesh = build_mesh(mesh_cfg)
     optimizer = optimizer_factory()
@@ -267,7 +265,7 @@ def run_dry_run(
             env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
         ).strip()
         env["JAX_PLATFORMS"] = "cpu"
-        cmd = [sys.executable, "-m", "dynamo_jax.sharding.planner", request, report]
+        cmd = [sys.executable, "-m", "dynamo_jax.step.planner", request, report]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"dry run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

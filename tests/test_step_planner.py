@@ -1,4 +1,4 @@
-"""Dry-run planner (dynamo_jax/sharding/planner.py) on a tiny preset, in a subprocess.
+"""Dry-run planner (dynamo_jax/step/planner.py) on a tiny preset, in a subprocess.
 
 The figures for Qwen2.5-Math-7B / Qwen3-14B come from benchmarks/dry_run_scaling.py (minutes
 each); here one small compile checks that the report is exact where it can be: parameter count
@@ -12,7 +12,7 @@ from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.sharding.mesh import MeshConfig
-from dynamo_jax.sharding.planner import (
+from dynamo_jax.step.planner import (
     GIB,
     format_report,
     row_batch_shape,
