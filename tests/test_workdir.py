@@ -3,6 +3,7 @@ and the lock that keeps a second run off a workdir."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -332,6 +333,9 @@ def test_a_workdir_vanished_mid_run_stops_it_in_one_line_within_a_step(tmp_path)
     assert proc.returncode == ExitCode.FAILED, err[-3000:]
     assert "Traceback" not in out + err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "disappeared while the run was using it" in lines[0], err
+    # "replaced" when a writer of the run (an async save's directory) recreated the path after
+    # the rename and before the check's stat: both say the run no longer has its directory.
+    assert len(lines) == 1, err
+    assert re.search(r"(disappeared|was replaced by another directory) while the run", lines[0])
     assert len(noticed) <= 1  # it stopped before the first step after the deletion trained
     print(f"noticed {time.time() - gone_at:.1f} s after the deletion (process exit)")
