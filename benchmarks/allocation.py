@@ -20,7 +20,7 @@ pool has no token entropies.
 
 Target (issue 5): dynamo's wasted share <= 0.7 × uniform's.
 
-    python benchmarks/allocation.py [--prompts 10000] [--steps 200] [--batch 256] [--seed 0]
+    python -m benchmarks.allocation [--prompts 10000] [--steps 200] [--batch 256] [--seed 0]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import dataclasses
 
 import numpy as np
 
+from benchmarks.harness import header
 from dynamo_jax.allocation import AllocationConfig, make_allocator, make_history
 
 # name -> the AllocationConfig fields besides the bounds (shared, from the command line)
@@ -113,6 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     p_true = success_rates(args.prompts, np.random.default_rng(args.seed))
     epochs = args.steps / (args.prompts // args.batch)
+    print(header("allocation"))
     print(
         f"pool {args.prompts} prompts (p<0.05: {np.mean(p_true < 0.05):.0%}, "
         f"p>0.95: {np.mean(p_true > 0.95):.0%}), {args.steps} steps x {args.batch} prompts "

@@ -1,6 +1,6 @@
 """Generation overlapped with training: the tiny run with the vLLM sidecar, staleness 1 vs 0.
 
-    python benchmarks/async_overlap.py [--steps 40] [--max_new_tokens 32] [--skip 5] [--breakdown]
+    python -m benchmarks.async_overlap [--steps 40] [--max_new_tokens 32] [--skip 5] [--breakdown]
 
 Runs configs/tiny.py (GRPO, 16 prompts x 8 samples) with `rollout.engine=vllm` from one random
 HF checkpoint twice in this process: `train.max_staleness=0` (the synchronous peer: the trainer
@@ -33,8 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import ROOT, header, pin_threads
 
 
 def run(workdir: Path, init: str, python: str, staleness: int, args) -> list[dict]:
@@ -101,10 +100,7 @@ def main() -> None:
         parser.error("--skip must be smaller than --steps")
     python, wrapper_dir = args.vllm_python, None
     if not args.threads_unpinned:
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
+        pin_threads(1)
         trainer_core, sidecar_core = 0, min(1, os.cpu_count() - 1)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(sidecar_core)
         os.sched_setaffinity(0, {trainer_core})  # before JAX starts: its threads inherit it
@@ -117,7 +113,8 @@ def main() -> None:
     from dynamo_jax.config import from_config_dict
     from dynamo_jax.models import hf_io, qwen
 
-    print(f"jax {jax.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
+    print(header(f"async_overlap: medians of steps {args.skip + 1}-{args.steps}"))
+    print(f"jax {jax.__version__}")
     model_cfg = from_config_dict(tiny.get_config("method=grpo")).model
     results = {}
     with tempfile.TemporaryDirectory(prefix="async-overlap-") as tmp:

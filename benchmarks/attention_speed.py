@@ -1,7 +1,7 @@
 """Blockwise vs matmul attention on CPU: forward + backward time and temporary memory.
 
-    python benchmarks/attention_speed.py                       # 1k, 4k, 8k tokens
-    python benchmarks/attention_speed.py --lengths 1024 --iters 5
+    python -m benchmarks.attention_speed                       # 1k, 4k, 8k tokens
+    python -m benchmarks.attention_speed --lengths 1024 --iters 5
 
 One packed row (sequences of uneven length, a tail of empty slots), 4 query heads over 2 kv
 heads of 64 (a small model's attention; the ratios, not the absolute times, are the point),
@@ -14,21 +14,26 @@ implementation needs, not the inputs.
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from benchmarks.harness import header, time_calls
+from dynamo_jax.models import qwen
+from dynamo_jax.models.attention_blockwise import blockwise_attention
 
-from dynamo_jax.models import qwen  # noqa: E402
-from dynamo_jax.models.attention_blockwise import blockwise_attention  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from gpu_check_attention import packed_segments  # noqa: E402
+def packed_segments(length: int, seed: int = 0) -> np.ndarray:
+    """One row: sequences of 10%-60% of the row laid end to end, the last ~3% empty."""
+    rng = np.random.default_rng(seed)
+    seg = np.zeros((1, length), np.int32)
+    start, k, end = 0, 1, length - max(1, length // 32)
+    while start < end:
+        n = min(end - start, int(rng.uniform(0.1, 0.6) * length))
+        seg[0, start : start + n] = k
+        start, k = start + n, k + 1
+    return seg
 
 
 def grad_fn(impl: str, slot, seg, block: int):
@@ -57,13 +62,7 @@ def measure(impl, length, heads, kv_heads, e, block, iters, max_run_bytes):
     temp = compiled.memory_analysis().temp_size_in_bytes
     if temp > max_run_bytes:  # compiled only: its memory figure stands, its time is not taken
         return None, temp
-    jax.block_until_ready(compiled(q, k, v, w))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(q, k, v, w))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), temp
+    return time_calls(lambda: compiled(q, k, v, w), repeats=iters, warmup=1).median, temp
 
 
 def main() -> None:
@@ -81,6 +80,7 @@ def main() -> None:
         help="compile but do not run a case needing more temporary memory (shared machines)",
     )
     args = parser.parse_args()
+    print(header("attention_speed"))
     print(
         f"fwd+bwd, 1 packed row, {args.heads}/{args.kv_heads} heads of {args.head_dim}, float32, "
         f"blockwise blocks {args.block}, median of {args.iters} ({jax.default_backend()})"

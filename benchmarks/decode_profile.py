@@ -1,7 +1,7 @@
 """Where a decode step's time goes on CPU: cache size, dense matmuls, and HF transformers beside it.
 
-    python benchmarks/decode_profile.py                           # small-qwen3, 128 rows, 1 thread
-    python benchmarks/decode_profile.py --preset smollm2-135m --vocab 0 --slots 80
+    python -m benchmarks.decode_profile                           # small-qwen3, 128 rows, 1 thread
+    python -m benchmarks.decode_profile --preset smollm2-135m --vocab 0 --slots 80
 
 One decode step of `models/decode.decode_step` (the step the embedded engine's decode program
 loops over), timed inside a `fori_loop` of `--steps` steps like the engine runs it, for each
@@ -19,25 +19,15 @@ it under `taskset -c N` for a quiet core).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header, pin_threads, time_calls
 
 
 def _median_seconds(fn, *args, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(*args))  # compile / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median seconds of `fn(*args)` after one compiling call."""
+    return time_calls(lambda: fn(*args), repeats=repeats, warmup=1).median
 
 
 def jax_rows(preset: str, vocab: int, rows: int, slots: list[int], steps: int, repeats: int):
@@ -200,11 +190,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     args = parser.parse_args()
-    if args.threads == 1:  # before JAX starts: XLA's own pool off, one thread
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
+    pin_threads(args.threads)  # before JAX starts
+    print(header(f"decode_profile: {args.preset} (vocab {args.vocab or 'preset'}), "
+                 f"{args.rows} rows, {args.threads} thread(s), medians of {args.repeats}"))  # fmt: skip
     slots = [int(s) for s in args.slots.split(",")]
     if min(slots) < 16 + args.steps:  # the timed loop writes --steps tokens after the prompt
         parser.error(f"--slots must each be at least 16 + --steps = {16 + args.steps}")
@@ -212,8 +200,6 @@ def main() -> None:
     if args.torch:
         rows.append((f"HF transformers decode step, {slots[0]} slots",
                      torch_row(cfg, args.rows, slots[0], args.threads)))  # fmt: skip
-    print(f"{args.preset} (vocab {cfg.vocab_size}), {args.rows} rows, {args.threads} thread(s), "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for label, seconds in rows:
         print(f"  {label:60s} {seconds * 1e3:8.2f} ms")
 

@@ -6,9 +6,9 @@ prints a markdown table of per-device memory. Nothing is allocated; each row tak
 2-core machine. Named peer: the same 7B shape with remat off, to show what remat buys
 (printed as the ratio of temporaries, remat=none / remat=full).
 
-    python benchmarks/dry_run_scaling.py            # the whole grid (13 rows)
-    python benchmarks/dry_run_scaling.py --only 7b  # just the 7B rows
-    python benchmarks/dry_run_scaling.py --grid papers  # the papers' lengths, matmul vs blockwise
+    python -m benchmarks.dry_run_scaling            # the whole grid (13 rows)
+    python -m benchmarks.dry_run_scaling --only 7b  # just the 7B rows
+    python -m benchmarks.dry_run_scaling --grid papers  # the papers' lengths, matmul vs blockwise
 
 `--grid papers`: the papers' sequence lengths (DynaMO 14B: 2,048 + 8,192 = 10,240; E3 7B: rows
 of 8,192) at 7B fsdp=8 and 14B fsdp=16, one and four 10,240-token rows per device and packed
@@ -23,6 +23,7 @@ import argparse
 import json
 import time
 
+from benchmarks.harness import header
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.sharding.mesh import MeshConfig
@@ -103,6 +104,7 @@ def main() -> None:
     grid = GRID if args.grid == "scaling" else PAPER_GRID
     rows = [r for r in grid if args.only is None or r[0].endswith(args.only)]
     rows = [r for r in rows if args.impl is None or _fields(r)[7] == args.impl]
+    print(header(f"dry_run_scaling: grid {args.grid}"))
     print(
         "| model | devices | mesh (data, fsdp, tensor) | batch x seq | micro | remat | attention "
         "| params GiB | opt GiB | temp GiB | attention est. GiB | peak GiB | fits | compile s |"

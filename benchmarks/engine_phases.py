@@ -7,33 +7,20 @@ sampling at T = 1. Prints the median seconds of a whole `generate` and of its pr
 implementation (`share_prefill=False`: one prompt forward per row), rounds interleaved, with the
 range of the load average: figures from a loaded machine only compare within one run.
 
-    python benchmarks/engine_phases.py                                 # SmolLM2-135M, 8 x 8 x 24
-    python benchmarks/engine_phases.py --preset tiny-qwen3 --vocab 32 --prompts 16 --new 4 \
+    python -m benchmarks.engine_phases                                 # SmolLM2-135M, 8 x 8 x 24
+    python -m benchmarks.engine_phases --preset tiny-qwen3 --vocab 32 --prompts 16 --new 4 \
         --prompt_len 15                                     # configs/tiny.py's shape
-    python benchmarks/engine_phases.py --preset small-qwen3 --vocab 32 --prompts 16 --new 32 \
+    python -m benchmarks.engine_phases --preset small-qwen3 --vocab 32 --prompts 16 --new 32 \
         --prompt_len 15                                     # peer_trl.py's small shape
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # compile / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.harness import block_until_ready, header, load_average
 
 
 def main() -> None:
@@ -47,6 +34,7 @@ def main() -> None:
     parser.add_argument("--max_batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    print(header(f"engine_phases: {args.preset}, {args.prompts} x {args.n} x {args.new}"))
 
     import jax
     import numpy as np
@@ -80,8 +68,7 @@ def main() -> None:
 
         def timed_call(name, program, *a, **kw):
             start = time.perf_counter()
-            out = original_call(name, program, *a, **kw)
-            jax.block_until_ready(out)
+            out = block_until_ready(original_call(name, program, *a, **kw))
             phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
             return out
 
@@ -107,7 +94,7 @@ def main() -> None:
             start = time.perf_counter()
             engines[label].generate(requests, sp)
             runs[label].append((time.perf_counter() - start, dict(phases)))
-            loads.append(os.getloadavg()[0])
+            loads.append(load_average())
     tokens = sum(len(c.token_ids) for c in outputs["shared prefill"])
     print(
         f"{args.preset} (vocab {cfg.vocab_size}): {args.prompts} prompts x {args.n} samples x {args.new} new tokens, "

@@ -1,8 +1,8 @@
 """FLOPs per token of the compiled train step, against the model's 6·N (+ attention), per remat
 policy: what XLA says the step costs, and where the excess over 6·N goes.
 
-    python benchmarks/flops.py                          # tiny, 1.5B, 7B at 4,096 tokens
-    python benchmarks/flops.py --presets tiny-qwen2 --seq 512
+    python -m benchmarks.flops                          # tiny, 1.5B, 7B at 4,096 tokens
+    python -m benchmarks.flops --presets tiny-qwen2 --seq 512
 
 Nothing is allocated: the step (forward, DynaMO loss, backward, AdamW update; one device, one
 micro-batch of `--rows` rows x `--seq` tokens) is lowered from ShapeDtypeStructs and compiled,
@@ -29,17 +29,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
 
-import jax  # noqa: E402
-
-from dynamo_jax.losses import LossConfig  # noqa: E402
-from dynamo_jax.models.presets import get_preset  # noqa: E402
-from dynamo_jax.sharding.mesh import MeshConfig, build_mesh  # noqa: E402
-from dynamo_jax.step.planner import _with_shardings, abstract_batch, default_optimizer  # noqa: E402
+from benchmarks.harness import header
+from dynamo_jax.losses import LossConfig
+from dynamo_jax.models.presets import get_preset
+from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
+from dynamo_jax.step.planner import _with_shardings, abstract_batch, default_optimizer
 
 POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # Dense BF16 peaks (no sparsity), from the vendors' datasheets.
@@ -151,6 +148,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     args = parser.parse_args()
     g = lambda x: f"{x / 1e9:.4g}"
+    print(header("flops"))
     print(
         f"FLOPs per token (GFLOP), {args.rows} x {args.seq} tokens, compiled on "
         f"{jax.default_backend()} (layers extrapolated from 1 and 2 unrolled layers)"

@@ -1,8 +1,8 @@
 """Generation tokens/s: the embedded JAX engine against the vLLM sidecar and HF `generate`.
 
-    python benchmarks/generation_speed.py --threads 1
-    python benchmarks/generation_speed.py --threads 2 --rounds 5
-    python benchmarks/generation_speed.py --model tiny --engines jax,hf   # seconds (the tests)
+    python -m benchmarks.generation_speed --threads 1
+    python -m benchmarks.generation_speed --threads 2 --rounds 5
+    python -m benchmarks.generation_speed --model tiny --engines jax,hf   # seconds (the tests)
 
 Workload: configs/smollm2_arith.py's rollouts. The first --prompts (8) held-out problems of its
 data.eval_paths (data/arith/test.jsonl, which interleaves the levels) rendered as the trainer
@@ -59,8 +59,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's dynamo_jax and configs
+from benchmarks.harness import ROOT as REPO
+from benchmarks.harness import block_until_ready, header, load_average, pin_threads
 
 ENGINES = ("jax", "vllm", "hf")
 TINY = dict(vocab=256, hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1)  # head_dim 32:
@@ -77,10 +77,7 @@ def set_threads(threads: int) -> list[int]:
         sys.exit(f"--threads {threads}: this process may use only {len(cores)} cores {cores}")
     cores = cores[:threads]
     os.sched_setaffinity(0, cores)
-    if threads == 1:
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-        ).strip()
+    pin_threads(threads)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
@@ -88,7 +85,7 @@ def set_threads(threads: int) -> list[int]:
 
 
 def load1() -> float:
-    return round(os.getloadavg()[0], 2)
+    return round(load_average(), 2)
 
 
 def _stat(pid: int) -> list[str]:
@@ -341,7 +338,6 @@ def timed_round(engine, seed: int, stop_ids) -> dict:
 def profile_jax(engine: ProtocolEngine, seed: int) -> dict:
     """One uncounted round with the engine's jitted programs timed to completion (a wrapper on
     this instance's `_call`, the hook every program call goes through; the engine is unchanged)."""
-    import jax
 
     inner = engine.engine
     original = inner._call
@@ -351,7 +347,7 @@ def profile_jax(engine: ProtocolEngine, seed: int) -> dict:
     def timed(name, program, *args, **kwargs):
         before = int(args[1].step) if name == "decode" else 0  # read now: decode donates it
         start = time.perf_counter()
-        out = jax.block_until_ready(original(name, program, *args, **kwargs))
+        out = block_until_ready(original(name, program, *args, **kwargs))
         spent.setdefault(name, []).append(time.perf_counter() - start)
         if name == "decode":  # rows x steps this call computed
             row_steps[0] += out.done_B.shape[0] * (int(out.step) - before)
@@ -537,6 +533,7 @@ def parse_args(argv: Sequence[str] | None = None):
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     set_threads(args.threads)  # before JAX or torch is imported
+    print(header(f"generation_speed {' '.join(argv if argv is not None else sys.argv[1:])}"))
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     return run(args)
 

@@ -1,7 +1,7 @@
 """Does the rollout allocation lower the variance of the real policy-gradient estimate?
 
-    python benchmarks/gradient_variance.py [--tasks max,mixed] [--stages 0,40,100] [--draws 200]
-    python benchmarks/gradient_variance.py --tasks mixed --stages 100 --draws 400 --workdir W
+    python -m benchmarks.gradient_variance [--tasks max,mixed] [--stages 0,40,100] [--draws 200]
+    python -m benchmarks.gradient_variance --tasks mixed --stages 100 --draws 400 --workdir W
 
 For a fixed policy (configs/tiny.py's model at several stages of one GRPO run: `--stages`,
 0 = its random initialisation, K = after K GRPO steps, seed `--policy_seed`; the same policies
@@ -69,8 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import header, source_revision
 
 # name -> (configs/tiny.py method whose allocation section it uses, policy override)
 ALLOCATIONS = {
@@ -636,7 +635,6 @@ def main() -> None:
     parser.add_argument("--workdir", default="", help="where the GRPO policies are trained/kept")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from sample_efficiency import source_revision
 
     args.allocations = [a for a in args.allocations.split(",") if a]
     unknown = sorted(set(args.allocations) - set(ALLOCATIONS))
@@ -650,7 +648,7 @@ def main() -> None:
         parser.error(f"--warmup must be a multiple of {WARMUP_ROUNDS}")
     stages = [int(s) for s in args.stages.split(",")]
     revision = source_revision()
-    print(f"gradient_variance at {revision}: {' '.join(sys.argv[1:]) or '(defaults)'}", flush=True)
+    print(header(f"gradient_variance {' '.join(sys.argv[1:]) or '(defaults)'}"), flush=True)
 
     from configs import tiny
 

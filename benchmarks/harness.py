@@ -4,7 +4,8 @@ figure came from (the source revision and the machine's load average).
 - `time_calls(fn, repeats=..., warmup=...)`: calls `fn` `warmup` times untimed (compilation,
   caches), then `repeats` times timed, each call's result blocked on until ready (JAX
   dispatches asynchronously: without the block a timer measures the dispatch, not the work).
-  Returns a `Timing` with the median, min and max.
+  Returns a `Timing` with the median, min and max. `time_interleaved` times several
+  functions round by round, so that passing load hits each alike.
 - `pin_threads(threads)`: `threads == 1` sets the one-thread XLA flags. XLA reads `XLA_FLAGS`
   once, when its CPU backend starts, so this runs before `jax` is imported.
 - `source_revision()`, `load_average()`, `header(title)`: the commit (and whether the tree
@@ -83,6 +84,31 @@ def time_calls(
 
     warm = tuple(one() for _ in range(warmup))
     return Timing(seconds=tuple(one() for _ in range(repeats)), warmup_seconds=warm)
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Timing]:
+    """{name: Timing} of `fns` called in turn, round after round (`warmup` untimed rounds, then
+    `repeats` timed ones): load on a shared machine that comes and goes hits each alike."""
+    rounds = [
+        {
+            name: time_calls(fn, repeats=1, warmup=0, clock=clock).seconds[0]
+            for name, fn in fns.items()
+        }
+        for _ in range(warmup + repeats)
+    ]
+    return {
+        name: Timing(
+            seconds=tuple(r[name] for r in rounds[warmup:]),
+            warmup_seconds=tuple(r[name] for r in rounds[:warmup]),
+        )
+        for name in fns
+    }
 
 
 def with_one_thread_flags(flags: str) -> str:

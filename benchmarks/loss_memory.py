@@ -7,9 +7,9 @@ execution, no inputs), so it is cheap for every size, naive at 16k tokens includ
 (a few minutes each on 2 CPU cores) each go in their own subprocess so peak RSS figures do not
 contaminate each other.
 
-    python benchmarks/loss_memory.py          # memory: T = 2048, 4096, 16384; timing: T = 2048
-    python benchmarks/loss_memory.py --tokens 2048 4096 --time-big   # also time 4096, 16k chunked
-    python benchmarks/loss_memory.py --no-time --mem-tokens 512      # quick look
+    python -m benchmarks.loss_memory          # memory: T = 2048, 4096, 16384; timing: T = 2048
+    python -m benchmarks.loss_memory --tokens 2048 4096 --time-big   # also time 4096, 16k chunked
+    python -m benchmarks.loss_memory --no-time --mem-tokens 512      # quick look
 
 Loss: Σ_t c1_t log π(a_t) + c2_t H_t with random c, gradient w.r.t. hidden states and W,
 D = 1536, V = 151,936 (Qwen2.5-1.5B), fp32, temperature 0.7. Prints compiled memory
@@ -24,7 +24,8 @@ import os
 import resource
 import subprocess
 import sys
-import time
+
+from benchmarks.harness import ROOT, header, time_calls
 
 D, V, TEMPERATURE = 1536, 151_936, 0.7
 
@@ -45,14 +46,16 @@ def _rss_mb() -> float:
 
 
 def _time(fn, reps: int) -> tuple[float, object]:
-    # JAX is compiled ahead of time (AOT), so the first call is already a steady-state call;
-    # on a shared 2-core machine each loss+grad takes minutes, so no extra warm-up call.
-    out, best = None, float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+    """(best-of-`reps` seconds, the last call's output). JAX is compiled ahead of time (AOT), so
+    the first call is already a steady-state call; on a shared 2-core machine each loss+grad
+    takes minutes, so no extra warm-up call."""
+    out = []
+
+    def call():
+        out[:] = [fn()]
+        return out[0]
+
+    return time_calls(call, repeats=reps, warmup=0).min, out[0]
 
 
 def _step(impl: str, t, c, block_size: int, vocab_tile: int):
@@ -89,7 +92,6 @@ def compiled_temp_mb(impl: str, n: int, block_size: int, vocab_tile: int) -> flo
 
 
 def run_jax(impl: str, n: int, reps: int, block_size: int, vocab_tile: int) -> dict:
-    import jax
     import jax.numpy as jnp
 
     h, w, t, c = (jnp.asarray(x) for x in _inputs(n))
@@ -100,7 +102,7 @@ def run_jax(impl: str, n: int, reps: int, block_size: int, vocab_tile: int) -> d
 
     def call():
         value, (gh, gw) = compiled(h, w)
-        return jax.block_until_ready((value, gh, gw))
+        return value, gh, gw
 
     secs, (value, gh, gw) = _time(call, reps)
     return dict(
@@ -145,9 +147,9 @@ def _child(args) -> None:
 
 
 def _spawn(impl: str, n: int, args) -> dict | None:
-    cmd = [sys.executable, __file__, "--one", impl, "--tokens", str(n), "--reps", str(args.reps),
+    cmd = [sys.executable, "-m", "benchmarks.loss_memory", "--one", impl, "--tokens", str(n), "--reps", str(args.reps),
            "--block-size", str(args.block_size), "--vocab-tile", str(args.vocab_tile)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -201,6 +203,7 @@ def main() -> None:
     args = p.parse_args()
     if args.one:
         return _child(args)
+    print(header("loss_memory"))
     print(f"D={D} V={V} fp32, T(emp)={TEMPERATURE}, block_size={args.block_size}, "
           f"vocab_tile={args.vocab_tile}, reps={args.reps} (best of), cpus={os.cpu_count()}")  # fmt: skip
     memory_table(args)

@@ -9,13 +9,12 @@ the ratio torch_time / jax_time (> 1 means the Flax model is faster).
 Default shape: Qwen3-0.6B widths (hidden 1024, 16/8 heads, head_dim 128, mlp 3072, vocab
 151,936) with --layers 2, batch 4, prompt 64, 32 new tokens, fp32.
 
-    python benchmarks/models_decode.py [--layers 2] [--batch 4] [--prompt 64] [--new 32] [--repeats 3]
+    python -m benchmarks.models_decode [--layers 2] [--batch 4] [--prompt 64] [--new 32] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,18 +22,14 @@ import numpy as np
 import torch
 import transformers
 
+from benchmarks.harness import header, time_calls
 from dynamo_jax.models import decode, hf_io, qwen
 from dynamo_jax.models.presets import get_preset
 
 
 def _best(fn, repeats: int) -> float:
-    fn()  # compile / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """Best-of-`repeats` seconds of `fn` after one warm-up (compiling) call."""
+    return time_calls(fn, repeats=repeats, warmup=1).min
 
 
 def _torch_model(params, cfg):
@@ -54,6 +49,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    print(header(f"models_decode: {args.layers} layers, best of {args.repeats}"))
 
     cfg = get_preset("qwen3-0.6b", num_layers=args.layers)
     params = qwen.init_params(cfg, jax.random.key(0))
@@ -66,7 +62,7 @@ def main() -> None:
     t_tokens = torch.from_numpy(tokens.astype(np.int64))
 
     def jax_forward():
-        qwen.forward_jit(params, cfg, tokens, pos, mask).block_until_ready()
+        return qwen.forward_jit(params, cfg, tokens, pos, mask)
 
     def torch_forward():
         with torch.no_grad():

@@ -1,8 +1,8 @@
 """Packed vs padded rows: tokens/s of the train step and of the old-log-prob pass.
 
-    python benchmarks/packing.py                       # Qwen2.5-0.5B shape, 2 layers, CPU
-    python benchmarks/packing.py --layers 2,4,6 --sequences 16   # + per-layer fit, full depth
-    python benchmarks/packing.py --shapes_only         # rows and padding of the papers' shapes
+    python -m benchmarks.packing                       # Qwen2.5-0.5B shape, 2 layers, CPU
+    python -m benchmarks.packing --layers 2,4,6 --sequences 16   # + per-layer fit, full depth
+    python -m benchmarks.packing --shapes_only         # rows and padding of the papers' shapes
 
 Both sides run the trainer's own code on the same model, parameters and sequences: the
 sequences are laid into rows by `assemble.layout_rows` (data/packing.py), then one optimizer
@@ -34,15 +34,10 @@ packed, with the same length distribution: the work packing saves on a GPU run, 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header, load_average, time_interleaved
 
 PROMPT_RANGE = (50, 400)
 SIGMA = float(np.log(4.0) / 1.2815515655446004)  # P(response > limit) = P(Z > z_0.9) = 10%
@@ -80,12 +75,6 @@ def rollout_batch(rng, prompt, response, max_len: int, vocab: int):
         temperature=1.0,
         old_logp=np.full_like(loss_mask, -float(np.log(vocab))) * loss_mask,
     )
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def run_model(args) -> None:
@@ -179,20 +168,17 @@ def measure(args, layers: int) -> dict:
 
     def train(name):
         holder["state"], metrics = step(holder["state"], train_in[name])
-        jax.block_until_ready(metrics)
+        return metrics
 
     def forward(name):
-        jax.block_until_ready(logprob[name](holder["state"].params, logprob_in[name]))
+        return logprob[name](holder["state"].params, logprob_in[name])
 
-    for name in layouts:  # compile
-        train(name)
-        forward(name)
-    times = {(what, name): [] for what in ("train", "logprob") for name in layouts}
-    for _ in range(args.iters):
-        for name in layouts:
-            times["train", name].append(_timed(lambda name=name: train(name)))
-            times["logprob", name].append(_timed(lambda name=name: forward(name)))
-    medians = {key: statistics.median(value) for key, value in times.items()}
+    calls = {}
+    for name in layouts:  # in turn: padded's train step, its log-probs, then packed's
+        calls["train", name] = lambda name=name: train(name)
+        calls["logprob", name] = lambda name=name: forward(name)
+    timings = time_interleaved(calls, repeats=args.iters, warmup=1)  # the warm-up compiles
+    medians = {key: timing.median for key, timing in timings.items()}
     for what, label in (("train", "train step"), ("logprob", "old-log-prob pass")):
         rate = {name: real_tokens / medians[what, name] for name in layouts}
         print(
@@ -200,7 +186,7 @@ def measure(args, layers: int) -> dict:
             f"packed {rate['packed']:,.0f} tokens/s ({medians[what, 'packed']:.2f} s): "
             f"packed / padded = {rate['packed'] / rate['padded']:.2f}x"
         )
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print(f"load average at the end {load_average():.1f}")
     return medians
 
 
@@ -273,6 +259,7 @@ def main() -> None:
     )
     parser.add_argument("--shapes_only", action="store_true", help="the papers' shapes, no model")
     args = parser.parse_args()
+    print(header(f"packing: {args.preset}, layers {args.layers}"))
     if args.shapes_only:
         shapes_only(args)
     else:

@@ -1,9 +1,9 @@
 """Side by side with TRL's GRPOTrainer: the same init, prompts, reward and settings, per phase.
 
     bash scripts/make_trl_venv.sh                         # once: TRL 1.16 + CPU torch 2.13
-    python benchmarks/peer_trl.py --shape tiny --rounds 4 --steps_per_round 5
-    python benchmarks/peer_trl.py --shape small --modes single --rounds 3 --steps_per_round 2
-    python benchmarks/peer_trl.py --shape tiny --sample_efficiency --seeds 8 --steps 150 --task mixed
+    python -m benchmarks.peer_trl --shape tiny --rounds 4 --steps_per_round 5
+    python -m benchmarks.peer_trl --shape small --modes single --rounds 3 --steps_per_round 2
+    python -m benchmarks.peer_trl --shape tiny --sample_efficiency --seeds 8 --steps 150 --task mixed
 
 The project side builds the shape's run (configs/tiny.py's GRPO recipe at that shape), exports
 its initial weights and tokenizer as an HF directory, and writes the prompts (messages, token ids,
@@ -40,14 +40,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.peer_trl_worker import PREFIX, release_free_memory  # noqa: E402  (after the path insert)
+from benchmarks.harness import ROOT, header, load_average, with_one_thread_flags
+from benchmarks.peer_trl_worker import PREFIX, release_free_memory
 
 SHAPES = ("tiny", "small", "smollm2")
 PHASES = ("generate", "score", "old_logprobs", "update", "other", "step")
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-XLA_ONE_THREAD = " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 class Unavailable(Exception):
@@ -325,7 +323,7 @@ def project_worker(args) -> None:
         "num_params": cfg.model.num_params,
     }
     (Path(tmp) / "spec.json").write_text(json.dumps(spec))
-    say({"ready": True, "load": os.getloadavg()[0]})
+    say({"ready": True, "load": load_average()})
     step = 0
     for line in sys.stdin:
         words = line.split()
@@ -353,7 +351,7 @@ def project_worker(args) -> None:
             }
             phases.update(reward=m["reward/mean"], length=m["response/len_mean"])
             out.append(phases)
-        say({"steps": out, "load": os.getloadavg()[0]})
+        say({"steps": out, "load": load_average()})
         release_free_memory()
     tr.engine.close()
     tr.task.close()
@@ -419,7 +417,7 @@ def worker_env(mode: str) -> tuple[dict, list[str]]:
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + devices
         return env, []
     env.update(SINGLE_THREAD_ENV)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + XLA_ONE_THREAD
+    env["XLA_FLAGS"] = with_one_thread_flags(env.get("XLA_FLAGS", ""))
     if shutil.which("taskset") is None:
         print("warning: taskset is not on PATH: single-thread workers are not pinned to a core")
         return env, []
@@ -435,7 +433,7 @@ def engine_devices(mode: str) -> int:
 def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker, Worker, dict]:
     """The project worker (which writes the spec), then the TRL worker on that spec."""
     env, prefix = worker_env(mode)
-    me = [sys.executable, str(Path(__file__).resolve()), "--_project_worker", args.shape]
+    me = [sys.executable, "-m", "benchmarks.peer_trl", "--_project_worker", args.shape]
     me += ["--seed", str(seed), "--_steps", str(steps), "--_tmp", tmp, "--reward", args.reward]
     me += ["--task", args.task, "--old_logprobs", args.old_logprobs]
     me += ["--_engine_devices", str(engine_devices(mode))]
@@ -444,7 +442,7 @@ def start_pair(args, mode: str, seed: int, steps: int, tmp: str) -> tuple[Worker
     spec = json.loads((Path(tmp) / "spec.json").read_text())
     spec.update(threads=1 if mode == "single" else 0, out_dir=str(Path(tmp) / "trl_out"))
     (Path(tmp) / "spec_trl.json").write_text(json.dumps(spec))
-    worker = [str(args.trl_python), str(ROOT / "benchmarks" / "peer_trl_worker.py")]
+    worker = [str(args.trl_python), "-m", "benchmarks.peer_trl_worker"]
     trl = Worker("TRL", prefix + worker + [str(Path(tmp) / "spec_trl.json")], env,
                  Path(tmp) / "trl.log")  # fmt: skip
     trl.answer()
@@ -483,7 +481,7 @@ def speed(args) -> None:
                 for r in range(args.rounds):  # alternate which side goes first
                     order = (project, trl) if r % 2 == 0 else (trl, project)
                     for w in order:
-                        before = os.getloadavg()[0]
+                        before = load_average()
                         ans = w.go(args.steps_per_round, scorer=project)
                         got[w.name] += ans["steps"]
                         loads[w.name] += [before, ans["load"]]
@@ -600,10 +598,7 @@ def main() -> None:
         except Unavailable as err:
             print(f"peer_trl: skipping shape smollm2: {err}")
             return
-    from benchmarks.sample_efficiency import source_revision
-
-    print(f"peer_trl at {source_revision()}: {' '.join(sys.argv[1:]) or '(defaults)'}; "
-          f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)  # fmt: skip
+    print(header(f"peer_trl {' '.join(sys.argv[1:]) or '(defaults)'}"), flush=True)
     sample_efficiency(args) if args.sample_efficiency else speed(args)
 
 

@@ -1,6 +1,6 @@
 """The TRL side of benchmarks/peer_trl.py: runs under the TRL venv (scripts/make_trl_venv.sh).
 
-    .venv-trl/bin/python benchmarks/peer_trl_worker.py SPEC.json
+    .venv-trl/bin/python -m benchmarks.peer_trl_worker SPEC.json
 
 Never imports dynamo_jax (the TRL venv has no JAX): everything it needs comes in SPEC.json,
 written by the project side — the exported initial weights and tokenizer (an HF directory), the

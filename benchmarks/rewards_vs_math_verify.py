@@ -1,7 +1,7 @@
 """Verdicts per CPU second: the project's scorer against bare math-verify, same completions, one run.
 
-    python benchmarks/rewards_vs_math_verify.py                 # 400 completions
-    python benchmarks/rewards_vs_math_verify.py --num 1000 --seed 1
+    python -m benchmarks.rewards_vs_math_verify                 # 400 completions
+    python -m benchmarks.rewards_vs_math_verify --num 1000 --seed 1
 
 The completions are those of benchmarks/rewards.py (the training set's golds in the styles a
 policy writes). Each variant scores all of them in this process, one after the other, and is
@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 from math_verify import parse, verify
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rewards import make_completions  # noqa: E402 (the sibling benchmark's completions)
-
-from dynamo_jax.rewards import RewardConfig, RewardPool, score_one  # noqa: E402
-from dynamo_jax.rewards.isolate import call_isolated, score_isolated  # noqa: E402
-from dynamo_jax.rewards.worker import warm_up  # noqa: E402
+from benchmarks.rewards import make_completions  # the sibling benchmark's completions
+from dynamo_jax.rewards import RewardConfig, RewardPool, score_one
+from dynamo_jax.rewards.isolate import call_isolated, score_isolated
+from dynamo_jax.rewards.worker import warm_up
 
 
 def _cpu_s() -> float:

@@ -1,10 +1,10 @@
 """Sample efficiency on the synthetic task: DynaMO vs GRPO vs E3 at equal rollout budget.
 
-    python benchmarks/sample_efficiency.py [--seeds 5] [--steps 150] [--targets 0.5,0.7,0.9]
-    python benchmarks/sample_efficiency.py --methods grpo,dynamo --jobs 2
-    python benchmarks/sample_efficiency.py --task mixed --steps 300 --jobs 2 --diagnose
-    python benchmarks/sample_efficiency.py --task mixed --warm_start 100 --steps 150 --jobs 2
-    python benchmarks/sample_efficiency.py --methods grpo,dynamo,dynamo_posterior_std --jobs 2
+    python -m benchmarks.sample_efficiency [--seeds 5] [--steps 150] [--targets 0.5,0.7,0.9]
+    python -m benchmarks.sample_efficiency --methods grpo,dynamo --jobs 2
+    python -m benchmarks.sample_efficiency --task mixed --steps 300 --jobs 2 --diagnose
+    python -m benchmarks.sample_efficiency --task mixed --warm_start 100 --steps 150 --jobs 2
+    python -m benchmarks.sample_efficiency --methods grpo,dynamo,dynamo_posterior_std --jobs 2
 
 Runs configs/tiny.py (its `task`: max, or mixed copy/max/min) once per (method, seed) with the
 same prompts per step, the same mean rollouts per prompt (so the same rollout budget
@@ -31,7 +31,7 @@ A method may name its loss aggregation after an `@`: `dynamo@prompt-mean` is the
 with `loss.loss_agg_mode = "prompt-mean"` (docs/estimators.md); the ratios stay to `grpo`, the
 method's own aggregation (token-mean):
 
-    python benchmarks/sample_efficiency.py --methods grpo,grpo@prompt-mean,dynamo@prompt-mean
+    python -m benchmarks.sample_efficiency --methods grpo,grpo@prompt-mean,dynamo@prompt-mean
 
 `--seed_offset S` runs seeds S .. S + seeds - 1 (a table extended by more seeds need not rerun
 the first ones); `--baseline M` takes the ratios to method M instead of `grpo` (e.g.
@@ -42,15 +42,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import header, source_revision
 
 # The default table; `--methods` takes any of configs/base.py's METHODS (configs/tiny.py's).
 METHODS = ("grpo", "dynamo", "e3", "dynamo_no_dra", "dynamo_no_modulation", "dynamo_as_run")
@@ -58,26 +56,6 @@ METHODS = ("grpo", "dynamo", "e3", "dynamo_no_dra", "dynamo_no_modulation", "dyn
 # would favour DynaMO, which gives more rollouts to some prompts than to others.
 METRIC = "reward/prompt_mean"
 WINDOW = 5
-
-
-def source_revision() -> str:
-    """The commit the benchmark runs at, and whether the tree differs from it (tables cite it)."""
-    git = ["git", "-C", str(ROOT)]
-    try:
-        commit = subprocess.run(
-            [*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "commit unknown (not a git checkout)"
-    return f"commit {commit}" + (
-        " + uncommitted changes to tracked files (dirty tree)" if dirty else " (clean tree)"
-    )
 
 
 def steps_to_target(rewards: list[float], target: float) -> int | None:
@@ -206,7 +184,7 @@ def main() -> None:
     import numpy as np
 
     revision = source_revision()
-    print(f"sample_efficiency at {revision}: {' '.join(sys.argv[1:]) or '(defaults)'}", flush=True)
+    print(header(f"sample_efficiency {' '.join(sys.argv[1:]) or '(defaults)'}"), flush=True)
 
     targets = [float(t) for t in args.targets.split(",")]
     methods = [m for m in args.methods.split(",") if m]

@@ -1,7 +1,7 @@
 """Held-out evaluation curves of several runs, grouped by method: every seed's numbers and a plot.
 
-    python benchmarks/seed_curves.py grpo=W1,W2,W3 dynamo=W4,W5,W6 --out curves.png
-    python benchmarks/seed_curves.py bf16=W1,W2 --keys rollout/engine_logp_abs_diff
+    python -m benchmarks.seed_curves grpo=W1,W2,W3 dynamo=W4,W5,W6 --out curves.png
+    python -m benchmarks.seed_curves bf16=W1,W2 --keys rollout/engine_logp_abs_diff
 
 Reads each workdir's metrics.jsonl (the `eval/overall/pass@k` and `eval_greedy/overall/pass@1`
 lines the in-loop evaluation writes) and prints, per method, one markdown row per seed: the

@@ -1,7 +1,7 @@
 """Train-step throughput: the jitted JAX step vs HF transformers (PyTorch) forward + backward.
 
-    python benchmarks/step_throughput.py                      # CPU, two shapes + full depth
-    python benchmarks/step_throughput.py --mfu --preset qwen2.5-math-1.5b --batch 8 --seq 2048 \
+    python -m benchmarks.step_throughput                      # CPU, two shapes + full depth
+    python -m benchmarks.step_throughput --mfu --preset qwen2.5-math-1.5b --batch 8 --seq 2048 \
         --no-torch --peak_tflops 989                          # on a GPU: MFU of the real shape
 
 Both sides run the same model shape on the same batch of random tokens and do a full policy
@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import header, load_average, time_calls
 
 
 def model_cfg(preset: str, layers: int | None, attention: str = "matmul", remat: str = "none"):
@@ -99,25 +96,25 @@ def one_device_step(cfg, loss_cfg, batch: int, seq: int, learning_rate: float, s
 def jax_tokens_per_s(
     cfg, batch: int, seq: int, iters: int, dtype: str, residual: str, trace: str = ""
 ) -> float:
-    """Tokens/s of the timed steps; with `trace`, one more step under the JAX profiler, its
-    trace written there (TensorBoard / Perfetto), outside the timing."""
+    """Tokens/s of the median timed step (after one compiling call); with `trace`, one more
+    step under the JAX profiler, its trace written there (TensorBoard / Perfetto), outside the
+    timing."""
     import jax
 
     from dynamo_jax.losses.config import LossConfig
 
     loss_cfg = LossConfig.preset("dynamo", logits_residual=residual)
     step, state, data = one_device_step(cfg.replace(dtype=dtype), loss_cfg, batch, seq, 1e-5)
-    state, m = step(state, data)  # compile
-    jax.block_until_ready(m)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        state, m = step(state, data)
-    jax.block_until_ready((state, m))
-    tokens_per_s = batch * seq * iters / (time.perf_counter() - t0)
+    holder = {"state": state}
+
+    def update():
+        holder["state"], metrics = step(holder["state"], data)
+        return holder["state"], metrics
+
+    tokens_per_s = batch * seq / time_calls(update, repeats=iters, warmup=1).median
     if trace:
         with jax.profiler.trace(trace):
-            state, m = step(state, data)
-            jax.block_until_ready((state, m))
+            jax.block_until_ready(update())
     return tokens_per_s
 
 
@@ -144,11 +141,7 @@ def torch_tokens_per_s(cfg, batch: int, seq: int, iters: int) -> float:
         loss.backward()
         optimizer.step()
 
-    update()  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        update()
-    return batch * seq * iters / (time.perf_counter() - t0)
+    return batch * seq / time_calls(update, repeats=iters, warmup=1).median
 
 
 def gemm_gflops(m: int, k: int, n: int, iters: int = 5) -> tuple[float, float]:
@@ -168,18 +161,12 @@ def gemm_gflops(m: int, k: int, n: int, iters: int = 5) -> tuple[float, float]:
     flops = 2.0 * m * k * n
 
     def best(fn) -> float:
-        fn()  # warm-up / compile
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return flops / min(times) / 1e9
+        return flops / time_calls(fn, repeats=iters, warmup=1).min / 1e9
 
     mm = jax.jit(jnp.dot)
     ja, jb = jnp.asarray(a), jnp.asarray(b)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    return best(lambda: mm(ja, jb).block_until_ready()), best(lambda: ta @ tb)
+    return best(lambda: mm(ja, jb)), best(lambda: ta @ tb)
 
 
 def train_flops_per_token(cfg, seq: int) -> float:
@@ -266,14 +253,14 @@ def main() -> None:
     import jax
 
     print(
-        f"devices: {jax.devices()}; batch {args.batch} x {args.seq} tokens, {args.iters} timed "
-        f"steps; load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)"
+        header(f"step_throughput: batch {args.batch} x {args.seq} tokens, median of {args.iters}")
     )
+    print(f"devices: {jax.devices()}")
     for preset in presets:
         run_shape(preset, args.layers or None, args.batch, args.residuals.split(","), args)
     if args.full_depth_batch:  # the first (default) mode only: a full-depth JAX run is minutes
         run_shape("qwen2.5-0.5b", None, args.full_depth_batch, args.residuals.split(",")[:1], args)
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    print(f"load average at the end {load_average():.1f}")
 
 
 if __name__ == "__main__":

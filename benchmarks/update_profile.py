@@ -1,8 +1,8 @@
 """Where the trainer's update spends its time on CPU: XLA's own per-op trace, grouped.
 
-    python benchmarks/update_profile.py                        # small-qwen3 (vocab 32), 64 x 48
-    python benchmarks/update_profile.py --preset smollm2-135m --vocab 0 --seq 80 --iters 1
-    python benchmarks/update_profile.py --shared_prompts 16,16    # train.share_prompts
+    python -m benchmarks.update_profile                        # small-qwen3 (vocab 32), 64 x 48
+    python -m benchmarks.update_profile --preset smollm2-135m --vocab 0 --seq 80 --iters 1
+    python -m benchmarks.update_profile --shared_prompts 16,16    # train.share_prompts
 
 Runs `step.train_step.make_train_step` (GRPO loss, AdamW; `step_throughput.one_device_step`)
 under `jax.profiler.trace` and sums the duration of every XLA:CPU op of the step by kind:
@@ -20,14 +20,10 @@ import collections
 import glob
 import gzip
 import json
-import os
 import re
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.harness import block_until_ready, header, pin_threads
 
 # op name (its numeric suffix removed) -> kind
 _KINDS = (
@@ -75,14 +71,13 @@ def main() -> None:
         help="P,G: G distinct prompts of P slots run once each (train.share_prompts); '' = off",
     )
     args = parser.parse_args()
-    if args.threads == 1:  # before JAX starts: XLA's own pool off, one thread
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
+    pin_threads(args.threads)  # before JAX starts
+    layout = "scanned" if args.scan_layers else "unrolled"
+    print(header(f"update_profile: {args.preset} (vocab {args.vocab or 'preset'}), {layout} "
+                 f"layers, {args.batch} x {args.seq} tokens, {args.threads} thread(s)"))  # fmt: skip
     import jax
-    from step_throughput import one_device_step
 
+    from benchmarks.step_throughput import one_device_step
     from dynamo_jax.losses.config import LossConfig
     from dynamo_jax.models.presets import get_preset
 
@@ -94,13 +89,12 @@ def main() -> None:
     shared = tuple(int(x) for x in args.shared_prompts.split(",")) if args.shared_prompts else None
     loss_cfg = LossConfig.preset("grpo")
     step, state, data = one_device_step(cfg, loss_cfg, args.batch, args.seq, 1e-5, shared)
-    state, metrics = step(state, data)  # compile
-    jax.block_until_ready(metrics)
+    state, metrics = block_until_ready(step(state, data))  # compile
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
             for _ in range(args.iters):
                 state, metrics = step(state, data)
-            jax.block_until_ready(metrics)
+            block_until_ready(metrics)
         ops = op_durations(trace_dir)
     per_step_ms = {name: us / args.iters / 1e3 for name, us in ops.items()}
     total = sum(per_step_ms.values())
@@ -111,9 +105,7 @@ def main() -> None:
     if shared:  # the tokens the model runs: G prompts, then every row's response slots
         tokens = shared[1] * shared[0] + args.batch * (args.seq - shared[0])
     flops = 6 * cfg.num_params * tokens
-    print(f"{args.preset} (vocab {cfg.vocab_size}), {'scanned' if args.scan_layers else 'unrolled'}"
-          f" layers, {args.batch} x {args.seq} tokens, {args.threads} thread(s), "
-          f"load {os.getloadavg()[0]:.2f}: XLA ops {total:.1f} ms a step")  # fmt: skip
+    print(f"XLA ops {total:.1f} ms a step")
     for kind, ms in kinds.most_common():
         print(f"  {kind:24s} {ms:9.1f} ms  {ms / total:6.1%}")
     print(f"model FLOPs/s: whole step {flops / total / 1e6:.1f} GFLOP/s, matrix products alone "

@@ -1,8 +1,8 @@
 """Cost of one verified weight push to 1 and 2 vLLM sidecars, against a train step and a memcpy.
 
-    python benchmarks/weight_push.py                      # tiny-qwen2 and qwen2.5-0.5b shapes
-    python benchmarks/weight_push.py --models tiny-qwen2 --sidecars 1,2 --batch 2 --seq 128
-    python benchmarks/weight_push.py --models qwen2.5-0.5b --layers 4   # fewer layers, less RAM
+    python -m benchmarks.weight_push                      # tiny-qwen2 and qwen2.5-0.5b shapes
+    python -m benchmarks.weight_push --models tiny-qwen2 --sidecars 1,2 --batch 2 --seq 128
+    python -m benchmarks.weight_push --models qwen2.5-0.5b --layers 4   # fewer layers, less RAM
 
 For each model (random weights of a preset's shape, float32 on CPU) and each sidecar count, the
 sidecars are built by the engine factory as a run builds them (`rollout.sidecars_per_host`),
@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's dynamo_jax and configs
+from benchmarks.harness import ROOT as REPO
+from benchmarks.harness import header, time_calls
+
 # On a GPU host JAX shares the devices with the sidecars (gpu_memory_utilization 0.4 each):
 # launch.py would set this from rollout.jax_memory_fraction; this script sets it itself.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
@@ -50,32 +49,26 @@ from dynamo_jax.models.presets import get_preset  # noqa: E402
 
 
 def time_step(cfg, batch: int, seq: int, repeats: int = 2) -> tuple[float, object]:
-    """Best-of-`repeats` seconds of the trainer's own jitted step, and the params it left."""
-    from step_throughput import one_device_step  # a sibling script: benchmarks/ is on sys.path
-
+    """Best-of-`repeats` seconds of the trainer's own jitted step (after one compiling call),
+    and the params it left."""
+    from benchmarks.step_throughput import one_device_step
     from dynamo_jax.losses.config import LossConfig
 
     step, state, data = one_device_step(cfg, LossConfig.preset("dynamo"), batch, seq, 1e-6)
-    state, metrics = step(state, data)  # compile
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        state, metrics = step(state, data)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - start)
-    return min(times), state.params
+    holder = {"state": state}
+
+    def update():
+        holder["state"], metrics = step(holder["state"], data)
+        return holder["state"], metrics
+
+    return time_calls(update, repeats=repeats, warmup=1).min, holder["state"].params
 
 
 def time_memcpy(nbytes: int) -> float:
+    """Best of 3 seconds of copying `nbytes` host bytes."""
     src = np.ones(nbytes, np.uint8)
     dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return time_calls(lambda: np.copyto(dst, src), repeats=3, warmup=0).min
 
 
 def run_config(model_cfg, ckpt: Path, python: str, sidecars: int):
@@ -152,10 +145,8 @@ def main() -> None:
     )
     parser.add_argument("--vllm-python", default=default_python)
     args = parser.parse_args()
-    print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs",
-        file=sys.stderr,
-    )
+    print(header(f"weight_push: {args.models}, sidecars {args.sidecars}"))
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}", flush=True)
     counts = [int(c) for c in args.sidecars.split(",")]
     with tempfile.TemporaryDirectory(prefix="weight-push-bench-") as tmp:
         for name in args.models.split(","):

@@ -1,8 +1,8 @@
 """XLA:CPU's two homes for matrix products, timed on the trainer's step and the engine's decode.
 
-    python benchmarks/xla_cpu_dots.py                              # small-qwen3, 1 thread
-    python benchmarks/xla_cpu_dots.py --threads 2
-    python benchmarks/xla_cpu_dots.py --preset smollm2-135m --vocab 0 --seq 80 --shared 64,8 \
+    python -m benchmarks.xla_cpu_dots                              # small-qwen3, 1 thread
+    python -m benchmarks.xla_cpu_dots --threads 2
+    python -m benchmarks.xla_cpu_dots --preset smollm2-135m --vocab 0 --seq 80 --shared 64,8 \
         --rows 64 --slots 80 --iters 2
 
 XLA:CPU hands a program's products to YNNPACK fusions (its default in JAX 0.10) or to its own
@@ -17,38 +17,15 @@ A ratio above 1 means the trainer's choice (Eigen) is the faster one there.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.harness import header, load_average, pin_threads, time_interleaved
 
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def interleaved_medians(programs: dict, iters: int) -> dict:
-    """{name: median seconds} of zero-argument `programs`, run in turn `iters` times after a
-    warm-up each."""
-    import jax
-
-    for run in programs.values():
-        jax.block_until_ready(run())
-    times = {name: [] for name in programs}
-    for _ in range(iters):
-        for name, run in programs.items():
-            start = time.perf_counter()
-            jax.block_until_ready(run())
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def train_steps(cfg, batch: int, seq: int, shared) -> dict:
     """{"ynn", "eigen"}: zero-argument runs of one train step compiled each way."""
-    from step_throughput import one_device_step
-
+    from benchmarks.step_throughput import one_device_step
     from dynamo_jax.losses.config import LossConfig
     from dynamo_jax.step import xla_options
 
@@ -116,19 +93,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="1 = XLA's pool off; else all")
     args = parser.parse_args()
-    if args.threads == 1:  # before JAX starts
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
-    from benchmarks.sample_efficiency import source_revision
+    pin_threads(args.threads)  # before JAX starts
     from dynamo_jax.models.presets import get_preset
 
     overrides = {"scan_layers": False, **({"vocab_size": args.vocab} if args.vocab else {})}
     cfg = get_preset(args.preset, **overrides)
     shared = tuple(int(x) for x in args.shared.split(",")) if args.shared else None
-    print(f"xla_cpu_dots at {source_revision()}: {args.preset} (vocab {cfg.vocab_size}), "
-          f"{args.threads} thread(s), load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(header(f"xla_cpu_dots: {args.preset} (vocab {cfg.vocab_size}), "
+                 f"{args.threads} thread(s), medians of {args.iters} interleaved"))  # fmt: skip
     rows = [
         (f"train step, {args.batch} x {args.seq}" + (f", shared {shared}" if shared else ""),
          train_steps(cfg, args.batch, args.seq, shared)),
@@ -137,10 +109,10 @@ def main() -> None:
     ]  # fmt: skip
     print(f"  {'program':48s} {'YNNPACK ms':>11s} {'Eigen ms':>9s} {'YNNPACK/Eigen':>14s}")
     for label, programs in rows:
-        med = interleaved_medians(programs, args.iters)
-        ynn, eigen = med["ynn"] * 1e3, med["eigen"] * 1e3
+        med = time_interleaved(programs, repeats=args.iters, warmup=1)
+        ynn, eigen = med["ynn"].median * 1e3, med["eigen"].median * 1e3
         print(f"  {label:48s} {ynn:11.1f} {eigen:9.1f} {ynn / eigen:14.2f}")
-    print(f"load at the end {os.getloadavg()[0]:.2f}")
+    print(f"load at the end {load_average():.2f}")
 
 
 if __name__ == "__main__":

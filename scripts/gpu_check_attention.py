@@ -35,21 +35,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.attention_speed import packed_segments  # noqa: E402
 from dynamo_jax.models import qwen  # noqa: E402
 from dynamo_jax.models.attention_blockwise import blockwise_attention  # noqa: E402
 from dynamo_jax.models.attention_pallas import pallas_attention  # noqa: E402
-
-
-def packed_segments(length: int, seed: int = 0) -> np.ndarray:
-    """One row: sequences of 10%-60% of the row laid end to end, the last ~3% empty."""
-    rng = np.random.default_rng(seed)
-    seg = np.zeros((1, length), np.int32)
-    start, k, end = 0, 1, length - max(1, length // 32)
-    while start < end:
-        n = min(end - start, int(rng.uniform(0.1, 0.6) * length))
-        seg[0, start : start + n] = k
-        start, k = start + n, k + 1
-    return seg
 
 
 def impls(block: int, interpret: bool = False, pallas_blocks: tuple[int, int] = (64, 32)):

@@ -92,9 +92,9 @@ rm -rf "$out/rl_run/checkpoints"  # GBs at SmolLM2; the metrics are what the win
 run summary "${T_SUMMARY:-20}" $py scripts/run_summary.py "$out/rl_run" --out "$out/summary.json"
 common=(--mfu --layers 0 --residuals recompute --full_depth_batch 0 --no-torch --iters 3
         --trace "$out/trace")
-run mfu_0.5b "${T_MFU05:-60}" $py benchmarks/step_throughput.py "${mfu[@]}" "${common[@]}"
+run mfu_0.5b "${T_MFU05:-60}" $py -m benchmarks.step_throughput "${mfu[@]}" "${common[@]}"
 if [ ${#mfu15[@]} -gt 0 ]; then
-    run mfu_1.5b "${T_MFU15:-80}" $py benchmarks/step_throughput.py "${mfu15[@]}" "${common[@]}"
+    run mfu_1.5b "${T_MFU15:-80}" $py -m benchmarks.step_throughput "${mfu15[@]}" "${common[@]}"
 fi
 run decode "${T_DECODE:-70}" $py scripts/gpu_check_decode.py "${decode[@]}" --out "$out/decode.json"
 if [ "$smoke" = 0 ]; then

@@ -14,16 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.scripts import load_script
 
+from benchmarks import generation_speed as gs
 from configs import smollm2_arith
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("DYNAMO_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
 NEW = smollm2_arith.get_config().rollout.max_new_tokens  # the benchmark keeps the config's
-
-
-gs = load_script("benchmarks/generation_speed.py")
 
 
 def test_produced_counts_up_to_and_including_the_first_stop():
@@ -128,11 +125,11 @@ def test_a_stop_token_ends_the_count_in_both_engines(tmp_path):
 def test_tiny_greedy_run_all_three_engines_from_the_command_line(tmp_path):
     out = tmp_path / "report.json"
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "generation_speed.py"), "--model", "tiny",
+        sys.executable, "-m", "benchmarks.generation_speed", "--model", "tiny",
         "--threads", "1", "--rounds", "1", "--temperature", "0", "--json", str(out),
         "--vllm-python", VLLM_PYTHON,
     ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["cores"] == report["cores"][:1] and report["torch_threads"] == 1

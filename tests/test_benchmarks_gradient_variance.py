@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers.scripts import load_script
 
+from benchmarks import gradient_variance as gv
 from dynamo_jax.losses import LossConfig
 from dynamo_jax.models.presets import get_preset
 from dynamo_jax.models.qwen import init_params
@@ -24,9 +24,6 @@ from dynamo_jax.step.train_step import make_train_step
 ROOT = Path(__file__).resolve().parents[1]
 # XLA's backend optimisation level 0 halves CPU compile time; it does not change the program.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-gv = load_script("benchmarks/gradient_variance.py")
 
 
 def test_total_variance_hand_worked_and_against_direct_float64():

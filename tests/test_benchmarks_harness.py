@@ -6,6 +6,7 @@ Oracles: a scripted clock, so every call's seconds are known exactly; a value wh
 itself reports; the environment a fresh interpreter sees.
 """
 
+import ast
 import os
 import subprocess
 import sys
@@ -57,6 +58,18 @@ def test_each_timed_call_is_blocked_on_before_the_clock_stops():
     assert events == ["clock", "blocked", "clock"] * 2
     array = jnp.arange(3.0) * 2  # a JAX array passes through, computed
     assert harness.block_until_ready(array) is array
+
+
+def test_interleaved_calls_alternate_round_by_round():
+    order = []
+    # Rounds (a, b): warm-up (4, 8), then (1, 2), (3, 6), (2, 4) timed.
+    clock = ScriptedClock([0, 4, 0, 8, 0, 1, 0, 2, 0, 3, 0, 6, 0, 2, 0, 4])
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    timings = harness.time_interleaved(fns, repeats=3, warmup=1, clock=clock)
+    assert order == ["a", "b"] * 4
+    assert timings["a"] == harness.Timing(seconds=(1, 3, 2), warmup_seconds=(4,))
+    assert timings["b"] == harness.Timing(seconds=(2, 6, 4), warmup_seconds=(8,))
+    assert (timings["a"].median, timings["b"].median) == (2, 4)
 
 
 def test_repeats_must_be_positive():
@@ -118,3 +131,27 @@ def test_header_names_the_script_revision_and_load(monkeypatch):
     )
     monkeypatch.delenv("XLA_FLAGS")
     assert harness.header("x").endswith("CPUs)")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions too)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_benchmarks_import_each_other_as_a_package_and_never_edit_sys_path():
+    """`python -m benchmarks.X` from the repository root puts the root, not benchmarks/ or
+    scripts/, on sys.path: a bare `import step_throughput` would fail there."""
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    siblings = {p.stem for p in scripts} | {p.stem for p in (ROOT / "scripts").glob("*.py")}
+    assert len(scripts) > 20
+    for path in scripts:
+        bare = {m for m in _imported_modules(path) if m.split(".")[0] in siblings}
+        assert not bare, f"{path.name} imports {sorted(bare)} by bare name"
+        assert "sys.path" not in path.read_text(), path.name

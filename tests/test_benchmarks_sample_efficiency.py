@@ -8,13 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.scripts import load_script
+from benchmarks import sample_efficiency as se
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "sample_efficiency.py"
-
-
-se = load_script("benchmarks/sample_efficiency.py")
 
 
 def test_run_order_is_seed_major_with_the_given_seeds():
@@ -43,7 +39,11 @@ def test_steps_to_target_uses_the_trailing_five_step_mean():
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "benchmarks.sample_efficiency", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
 
 

@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.scripts import load_script
 
-seed_curves = load_script("benchmarks/seed_curves.py")
+from benchmarks import seed_curves
 
 
 def _run(tmp_path: Path, name: str, evals: dict[int, float], step_s: float) -> Path:

@@ -6,7 +6,7 @@ transposes): with Eigen its step took 3% less time at small-qwen3 on one thread,
 two, and 4% less at SmolLM2-135M on one. The embedded engine's decode steps multiply a few rows
 at a time, where YNNPACK took 16% less time at small-qwen3 on two threads and 7% less at
 SmolLM2 on one (5% more at small-qwen3 on one thread), so its programs keep XLA's default.
-`python benchmarks/xla_cpu_dots.py` times both choices on both programs
+`python -m benchmarks.xla_cpu_dots` times both choices on both programs
 (benchmarks/README.md#matrix-libraries-of-xla-on-cpu). The choice changes how products are blocked,
 not what they compute: the train step's tests hold to their tolerances either way.
 Other platforms compile with no options.
