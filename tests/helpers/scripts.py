@@ -1,5 +1,5 @@
-"""Scripts run as a user runs them: a script imported by its file path (scripts/ is not a
-package; benchmarks/ is, and its tests import it as one), and launch.py as a subprocess."""
+"""Scripts run as a user runs them: a file imported by its path (scripts/ is not a package;
+benchmarks/ is, and most of its tests import it as one), and launch.py as a subprocess."""
 
 from __future__ import annotations
 
