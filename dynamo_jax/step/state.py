@@ -13,6 +13,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -70,7 +71,7 @@ def init_train_state(
     shardings = train_state_shardings(model_cfg, optimizer, mesh, rules)
 
     def fresh_state(key: jax.Array) -> TrainState:
-        key = jax.random.key(key) if isinstance(rng, int) else key
+        key = jax.random.key(key) if isinstance(rng, (int, np.integer)) else key
         params = random_params(model_cfg, key)
         step = jnp.zeros((), jnp.int32)
         return TrainState(params=params, opt_state=optimizer.init(params), step=step)
