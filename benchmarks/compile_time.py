@@ -1,8 +1,9 @@
 """What a run compiles: every XLA program, its compile time, its reuse; the first step; the wall.
 
-    python benchmarks/compile_time.py                                   # configs/tiny.py, 20 steps
-    python benchmarks/compile_time.py --config configs/smollm2_arith.py --steps 3
-    python benchmarks/compile_time.py --clones                          # the cache across clones
+    python -m benchmarks.compile_time                                   # configs/tiny.py, 20 steps
+    python -m benchmarks.compile_time --config configs/smollm2_arith.py --steps 3
+    python -m benchmarks.compile_time --clones                          # the cache across clones
+    python -m benchmarks.compile_time --steps 100 --versus_trl .venv-trl/bin/python  # against TRL
 
 Each measured run is `python launch.py --config C --workdir <fresh> --config.train.steps=N` in a
 worker process of its own (the README's command, nothing else changed), under a persistent
@@ -28,6 +29,14 @@ call, which is why the `calls` run's wall is left out.
 of different names and lengths; the short tiny run in the first clone fills an empty cache, the
 same run in the second clone reads it. Printed: misses and hits of each, and the entries the
 second one added (0: a cache built in one clone serves another).
+
+`--versus_trl PYTHON`: the README's tiny run end to end against TRL, back to back in one
+session: the project's command cold and warm (as above, `--steps` steps), then TRL 1.16's
+GRPOTrainer (benchmarks/peer_trl_worker.py under PYTHON, the venv of scripts/make_trl_venv.sh)
+on the tiny task of `benchmarks/peer_trl.py --shape tiny` (the same initial weights, prompts and
+GRPO settings), timed from its process's start to the end of its `--steps`-th RL step. The
+project's side is the whole README command (DynaMO, with its two evaluations, checkpoints and
+plots); TRL's is training only. Per side: the wall, the first step's end, the load average.
 """
 
 from __future__ import annotations
@@ -335,6 +344,58 @@ def clones(config: str, steps: int) -> dict:
     return out
 
 
+def versus_trl(trl_python: Path, steps: int, trl_threads: int = 0) -> None:
+    """The README's tiny run end to end against TRL's GRPOTrainer on the same tiny task, back to
+    back: the project's command cold (empty cache) and warm, then a fresh TRL worker process
+    (benchmarks/peer_trl_worker.py, in the TRL venv) from its start to the end of `steps` RL
+    steps, on the spec (initial weights, prompts, GRPOConfig) benchmarks/peer_trl.py writes for
+    `--shape tiny` (configs/tiny.py's GRPO recipe, one step = one batch of 16 prompts), with
+    torch's threads at `trl_threads` (0: torch's default, one per core)."""
+    from types import SimpleNamespace
+
+    from benchmarks import peer_trl
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="compile_cache_") as cache:
+        for name in ("project, cold", "project, warm"):
+            r = run_worker("configs/tiny.py", steps, Path(cache))
+            rows.append((name, r["wall"], first_step_s(r), _load(r)))
+    args = SimpleNamespace(
+        shape="tiny", reward="auto", task="max", old_logprobs="engine", trl_python=trl_python
+    )
+    with tempfile.TemporaryDirectory(prefix="versus_trl_") as tmp:
+        env, prefix = peer_trl.worker_env("all")
+        me = [sys.executable, "-m", "benchmarks.peer_trl", "--_project_worker"]
+        me += ["tiny", "--seed", "0", "--_steps", str(steps), "--_tmp", tmp, "--reward", "auto"]
+        me += ["--_engine_devices", str(peer_trl.engine_devices("all"))]
+        project = peer_trl.Worker("project", prefix + me, env, Path(tmp) / "project.log")
+        project.answer()  # the spec is written; the project worker idles from here on
+        spec = json.loads((Path(tmp) / "spec.json").read_text())
+        spec.update(threads=trl_threads, out_dir=str(Path(tmp) / "trl_out"))
+        (Path(tmp) / "spec_trl.json").write_text(json.dumps(spec))
+        worker = [str(args.trl_python), "-m", "benchmarks.peer_trl_worker"]
+        load = os.getloadavg()[0]
+        start = time.time()
+        trl = peer_trl.Worker(
+            "TRL", prefix + worker + [str(Path(tmp) / "spec_trl.json")], env, Path(tmp) / "trl.log"
+        )
+        trl.answer()  # built: imports, model, GRPOTrainer
+        first = trl.go(1)["steps"]
+        first_s = time.time() - start
+        rest = trl.go(steps - 1)["steps"] if steps > 1 else []
+        wall = time.time() - start
+        trl.stop()
+        project.stop()
+    assert len(first) + len(rest) == steps
+    threads = f"{trl_threads} thread(s)" if trl_threads else "all threads"
+    rows.append((f"TRL 1.16, {threads}", wall, first_s, f"{load:.1f}-{os.getloadavg()[0]:.1f}"))
+    print(f"\n## the tiny run end to end, {steps} steps\n")
+    print("| run | wall s | first step s | load (1 min) |\n|---|---|---|---|")
+    for name, wall_s, first_step, load_s in rows:
+        print(f"| {name} | {wall_s:.1f} | {first_step:.1f} | {load_s} |")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--worker" in argv:  # python compile_time.py --worker OUT [--count_calls] -- ARGS
@@ -347,11 +408,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no_calls", action="store_true", help="skip the `calls` run")
     parser.add_argument("--clones", action="store_true", help="the cache across two clones")
+    parser.add_argument(
+        "--versus_trl", type=Path, metavar="PYTHON",
+        help="the README's tiny run end to end against TRL (the TRL venv's python)",
+    )  # fmt: skip
+    parser.add_argument("--trl_threads", type=int, default=0, help="torch threads (0: all)")
     args = parser.parse_args(argv)
     configs = args.config or ["configs/tiny.py"]
     print(f"jax {__import__('jax').__version__}, {os.cpu_count()} cores")
     if args.clones:
         clones(configs[0], args.steps)
+        return
+    if args.versus_trl:
+        versus_trl(args.versus_trl, args.steps, args.trl_threads)
         return
     for config in configs:
         measure(config, args.steps, count_calls=not args.no_calls)

@@ -1,7 +1,7 @@
 """Reward scoring throughput: the worker pool vs a single process, on real-style completions.
 
-    python benchmarks/rewards.py                    # 10,000 completions, workers = CPU count
-    python benchmarks/rewards.py --num 2000 --workers 4
+    python -m benchmarks.rewards                    # 10,000 completions, workers = CPU count
+    python -m benchmarks.rewards --num 2000 --workers 4
 
 Completions are built from the training set's real gold answers in the styles a policy
 produces: a reasoning preamble (the problem restated, some LaTeX), then the gold in a box,

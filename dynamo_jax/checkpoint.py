@@ -184,27 +184,34 @@ def _describe(x: Any) -> str:
     return f"{x.dtype}[{','.join(map(str, x.shape))}]"
 
 
-def _inspect(tree: Any) -> dict[str, tuple[str, bool]]:
-    """Key path → ("dtype[shape]:sum1:sum2", all finite) of every leaf, computed on device in
-    one jitted call per set of devices the leaves live on (a run's state: one call; every
-    process must call it)."""
-    flat = jax.tree_util.tree_leaves_with_path(tree)
+def _inspect(items: Mapping[str, Any]) -> dict[str, dict[str, tuple[str, bool]]]:
+    """Item → key path → ("dtype[shape]:sum1:sum2", all finite) of every leaf of every item,
+    computed on device in one jitted call per set of devices the leaves live on (a run's
+    params, opt_state and progress: one call, one program; every process must call it)."""
+    flat = [
+        (name, path, leaf)
+        for name in sorted(items)  # save's and restore's order alike: the same program
+        for path, leaf in jax.tree_util.tree_leaves_with_path(items[name])
+    ]
     groups: dict[tuple[int, ...], list[int]] = {}
-    for i, (_, leaf) in enumerate(flat):
+    for i, (_, _, leaf) in enumerate(flat):
         groups.setdefault(_devices(leaf), []).append(i)
     records: dict[int, Any] = {}
     for members in groups.values():
-        records.update(zip(members, _leaf_records([flat[i][1] for i in members]), strict=True))
-    out = {}
-    for i, (path, leaf) in enumerate(flat):
+        records.update(zip(members, _leaf_records([flat[i][2] for i in members]), strict=True))
+    out: dict[str, dict[str, tuple[str, bool]]] = {name: {} for name in items}
+    for i, (name, path, leaf) in enumerate(flat):
         a, b, finite = (int(v) for v in multihost.host_copy(records[i]))
-        out[jax.tree_util.keystr(path)] = (f"{_describe(leaf)}:{a:08x}:{b:08x}", bool(finite))
+        out[name][jax.tree_util.keystr(path)] = (
+            f"{_describe(leaf)}:{a:08x}:{b:08x}",
+            bool(finite),
+        )
     return out
 
 
 def device_checksums(tree: Any) -> dict[str, str]:
     """Key path → "dtype[shape]:sum1:sum2" of every leaf (call on every process)."""
-    return {path: checksum for path, (checksum, _) in _inspect(tree).items()}
+    return {path: checksum for path, (checksum, _) in _inspect({"": tree})[""].items()}
 
 
 def host_checksums(tree: Any) -> dict[str, str]:
@@ -403,7 +410,7 @@ class Checkpointer:
             # Not a step orbax committed (a file, a pipe, ...): orbax would delete it.
             why = step_unsafe(path) or "it is not a committed step"
             self._report(str(step), why, self._set_aside(str(step)), "writing the step anew")
-        inspected = {name: _inspect(tree) for name, tree in device.items()}
+        inspected = _inspect(device)
         bad = [f"['{name}']{path}" for name, leaves in inspected.items()
                for path, (_, finite) in leaves.items() if not finite]  # fmt: skip
         if bad:
@@ -530,8 +537,10 @@ class Checkpointer:
         except Exception as err:
             raise DamagedStepError(f"its arrays cannot be read ({_short(err)})") from err
         want = meta["checksums"]
+        inspected = _inspect({name: out[name] for name in abstract})  # save's one program
         for name in abstract:
-            bad = _mismatches(want.get(name, {}), device_checksums(out[name]))
+            got = {path: checksum for path, (checksum, _) in inspected[name].items()}
+            bad = _mismatches(want.get(name, {}), got)
             if bad:
                 raise DamagedStepError(f"checksum mismatch in {name}{', '.join(bad[:3])}")
         host_trees = None

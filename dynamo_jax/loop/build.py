@@ -128,8 +128,8 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         )
         state = train_state_from_params(params, optimizer, train_step.state_shardings)
     else:
-        rng = jax.random.key(cfg.train.seed)
-        state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
+        # the seed, not a key: the key is made inside the state's one init program
+        state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, cfg.train.seed)
     logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, logprob_layout)
     ref_params = None
     if cfg.loss.kl != "none":

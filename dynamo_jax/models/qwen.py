@@ -488,10 +488,15 @@ def _init_boxed(cfg: ModelConfig, rng: Array):
     return Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
 
 
+def random_params(cfg: ModelConfig, rng: Array) -> Any:
+    """Random parameters (plain arrays): traceable, for a caller's own jit (`init_params`)."""
+    return nn.meta.unbox(_init_boxed(cfg, rng))
+
+
 def init_params(cfg: ModelConfig, rng: Array, *, shardings: Any = None) -> Any:
     """Random parameters (plain arrays). With `shardings` (a pytree of NamedSharding matching
     the params), each leaf is created directly in its sharded layout."""
-    fn = lambda r: nn.meta.unbox(_init_boxed(cfg, r))
+    fn = lambda r: random_params(cfg, r)
     if shardings is None:
         return jax.jit(fn)(rng)
     return jax.jit(fn, out_shardings=shardings)(rng)
@@ -499,13 +504,14 @@ def init_params(cfg: ModelConfig, rng: Array, *, shardings: Any = None) -> Any:
 
 def param_logical_axes(cfg: ModelConfig) -> Any:
     """PartitionSpecs of logical axis names for every parameter, without allocating anything."""
-    boxed = jax.eval_shape(lambda r: _init_boxed(cfg, r), jax.random.key(0))
+    # The key made inside the trace: an eager key would compile two programs of its own.
+    boxed = jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0)))
     return nn.get_partition_spec(boxed)
 
 
 def param_shapes(cfg: ModelConfig) -> Any:
     """jax.ShapeDtypeStruct for every parameter, without allocating anything."""
-    return jax.eval_shape(lambda r: nn.meta.unbox(_init_boxed(cfg, r)), jax.random.key(0))
+    return jax.eval_shape(lambda: random_params(cfg, jax.random.key(0)))
 
 
 def unembedding(params: Any, cfg: ModelConfig) -> Array:

@@ -13,11 +13,12 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
 from dynamo_jax.models.config import ModelConfig
-from dynamo_jax.models.qwen import init_params, param_shapes
+from dynamo_jax.models.qwen import param_shapes, random_params
 from dynamo_jax.sharding.rules import LogicalRules, opt_state_shardings, replicated
 from dynamo_jax.step.forward import model_param_shardings
 
@@ -60,12 +61,22 @@ def init_train_state(
     optimizer: optax.GradientTransformation,
     mesh: Mesh,
     rules: LogicalRules,
-    rng: jax.Array,
+    rng: jax.Array | int,
 ) -> TrainState:
-    """Random parameters and a fresh optimizer state, each leaf created in its sharded layout."""
+    """Random parameters and a fresh optimizer state, each leaf created in its sharded layout,
+    from `rng`: a key, or a seed (the key is then made inside the program).
+
+    One program makes the whole state (the key, the parameters, the optimizer state, the step
+    counter): separately they were four or five programs to compile, the same bits."""
     shardings = train_state_shardings(model_cfg, optimizer, mesh, rules)
-    params = init_params(model_cfg, rng, shardings=shardings.params)
-    return train_state_from_params(params, optimizer, shardings)
+
+    def fresh_state(key: jax.Array) -> TrainState:
+        key = jax.random.key(key) if isinstance(rng, (int, np.integer)) else key
+        params = random_params(model_cfg, key)
+        step = jnp.zeros((), jnp.int32)
+        return TrainState(params=params, opt_state=optimizer.init(params), step=step)
+
+    return jax.jit(fresh_state, out_shardings=shardings)(rng)
 
 
 def train_state_from_params(
