@@ -4,6 +4,7 @@ input alone, whatever the machine's load and whatever was scored before."""
 import contextlib
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import pytest
 
 from dynamo_jax.rewards import budget
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.isolate import call_isolated, score_isolated
+from dynamo_jax.rewards.isolate import call_isolated, score_isolated, score_item
 from dynamo_jax.rewards.math_check import _reset_state, _score_unbounded, score_one, time_limit
 from dynamo_jax.rewards.scorer import RewardPool
 from dynamo_jax.rewards.worker import warm_up
@@ -101,6 +102,42 @@ def test_a_runaway_is_cut_while_it_runs():
         with pytest.raises(budget.WorkBudgetExceeded), budget.work_budget(100_000):
             forever()
     assert budget.exceeded()
+
+
+# Items that never run math-verify's parser: isolate.score_item scores them without a fork.
+NO_PARSER = [
+    ("\\boxed{29}", "29"),
+    ("So \\boxed{27}. Wait, recheck: \\boxed{29}.", "29"),
+    ("The answer is 216.", "215"),
+    ("Hmm, this needs more work on the second case, where", "3"),
+    ("\\boxed{12 \\text{ maybe thirteen}}", "12"),
+    ("The answer is 12 or 13.", "12"),
+]
+PARSER = [("\\boxed{\\frac{3}{5}}", "0.6"), ("The answer is $x = 2$.", "2")]
+
+
+def _no_fork(*args):
+    raise AssertionError("forked")
+
+
+def test_items_scored_without_a_fork_count_what_a_fork_counts(monkeypatch):
+    # The same edge as in a fork (test_the_budget_edge_is_exact), here in this process.
+    for text, gold in NO_PARSER:
+        needed = _calls(text, gold)
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fork", _no_fork)
+            at = score_item(text, gold, dataclasses.replace(CFG, max_work_calls=needed))
+            below = score_item(text, gold, dataclasses.replace(CFG, max_work_calls=needed - 1))
+        assert at.status != "timeout" and below.status == "timeout", (text, needed)
+        assert at == score_isolated(text, gold, CFG)
+
+
+def test_scoring_without_a_fork_leaves_the_state_forks_start_from():
+    re.purge()  # so that the items below compile their patterns in this process
+    before = [_calls(text, gold) for text, gold in PARSER], dict(re._cache)
+    verdicts = [score_item(text, gold, CFG) for text, gold in NO_PARSER + PARSER]
+    assert verdicts == [score_isolated(text, gold, CFG) for text, gold in NO_PARSER + PARSER]
+    assert ([_calls(text, gold) for text, gold in PARSER], dict(re._cache)) == before
 
 
 def test_the_budget_edge_is_exact():
