@@ -20,8 +20,8 @@ counted instead:
   `_MAX_POWER_BITS` is refused by its size, before it is computed, and counts as the budget
   spent. This covers rational and float bases and exponents alike.
 
-If a library swallows the budget exception (a bare `except:`), the trace function is gone but
-the flag stays set, and the item is a `timeout` all the same when it ends. The CPU-time limit
+If a library swallows the budget exception (a bare `except:`), the flag stays set (and the
+check raises again at its next tick), and the item is a `timeout` all the same when it ends. The CPU-time limit
 (`RewardConfig.timeout_s`) stays, far above what the budget allows, only as a safety net for
 work the budget does not see (a loop in one function making no calls).
 
