@@ -1,4 +1,4 @@
-"""Score each item in a fresh fork of the warm worker: the same process state for every item.
+"""Score each item from the warm worker's state: in a fresh fork, or in place if no parser runs.
 
 Clearing SymPy's and math-verify's caches (math_check._reset_state) is not enough for the work
 an item does to be a function of the item alone: the ANTLR parser keeps the prediction states
