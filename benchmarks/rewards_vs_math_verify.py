@@ -11,14 +11,18 @@ core and a loaded machine changes it less than wall time would:
 - `math-verify`: bare `parse(gold)`, `parse(completion)`, `verify` (math-verify's own
   extraction and timeouts off, as the scorer runs it);
 - `score_one, no budget`: the project's scorer in this process, `max_work_calls = 0`;
-- `score_one`: the same with the work budget (a trace function counting calls);
+- `score_one`: the same with the work budget (CPython's C profiler counting calls);
 - `score_isolated`: each item in a fresh fork of this process (the determinism guarantee,
   docs/rewards.md#time-outs-are-decided-by-work-not-by-the-clock); this process holds the data
   loader's libraries too, so its forks cost more than a worker's;
+- `score_item`: what a worker does per item: in this process where math-verify's parser is
+  never needed (integer answers, screened or missing answers), else `score_isolated`;
 - `fork alone`: a fork of this process, a trivial call in the child and its exit;
 - `pool, 1 worker`: what training runs, `RewardPool` with one worker (a fork of the
-  rewards-only forkserver) scoring each item in a fork of itself, timed in the worker's CPU
-  seconds and its children's (Linux /proc).
+  rewards-only forkserver) scoring each item as `score_item` does, timed in the worker's CPU
+  seconds and its children's (Linux /proc). The in-process rows run after the bare math-verify
+  pass over the same completions, and `score_isolated` / `score_item` fork this process, whose
+  ANTLR prediction cache those passes warmed: only this row starts from a worker's state.
 
 Prints each variant's verdicts/s, its ratio to bare math-verify, and the load average.
 """
@@ -34,7 +38,7 @@ from math_verify import parse, verify
 
 from benchmarks.rewards import make_completions  # the sibling benchmark's completions
 from dynamo_jax.rewards import RewardConfig, RewardPool, score_one
-from dynamo_jax.rewards.isolate import call_isolated, score_isolated
+from dynamo_jax.rewards.isolate import call_isolated, score_isolated, score_item
 from dynamo_jax.rewards.worker import warm_up
 
 
@@ -70,6 +74,7 @@ def main() -> None:
         "score_one, no budget": lambda t, g: score_one(t, g, no_budget),
         "score_one": lambda t, g: score_one(t, g, cfg),
         "score_isolated": lambda t, g: score_isolated(t, g, cfg),
+        "score_item": lambda t, g: score_item(t, g, cfg),
         "fork alone": lambda t, g: call_isolated(len, t),
     }
     for text, gold in zip(texts[:20], golds[:20]):  # every variant past its first-use costs

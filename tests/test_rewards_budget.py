@@ -4,6 +4,7 @@ input alone, whatever the machine's load and whatever was scored before."""
 import contextlib
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,8 +13,8 @@ import pytest
 
 from dynamo_jax.rewards import budget
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.isolate import call_isolated, score_isolated
-from dynamo_jax.rewards.math_check import _reset_state, _score_unbounded, score_one
+from dynamo_jax.rewards.isolate import call_isolated, score_isolated, score_item
+from dynamo_jax.rewards.math_check import _reset_state, _score_unbounded, score_one, time_limit
 from dynamo_jax.rewards.scorer import RewardPool
 from dynamo_jax.rewards.worker import warm_up
 
@@ -78,6 +79,65 @@ def test_in_process_counts_depend_on_history_which_is_why_workers_fork():
     assert out.returncode == 0, out.stderr[-2000:]
     fresh, after = map(int, out.stdout.split()[-2:])
     assert after < fresh, (fresh, after)
+
+
+def test_counts_do_not_depend_on_when_the_budget_is_checked(monkeypatch):
+    # The count is read by a handler on a CPU clock (budget._check): every ~0.2 ms here, or
+    # never during the item. Its own frames must not be counted, or the count (and the status at
+    # the budget's edge) would depend on the clock.
+    text = "\\boxed{\\left( \\frac{7}{13}, \\sqrt{17} \\right]}"
+    counts = {}
+    for every in (100.0, 0.001, 0.0002):
+        monkeypatch.setattr(budget, "_CHECK_EVERY_S", every)
+        counts[every] = _calls(text, "1")
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_a_runaway_is_cut_while_it_runs():
+    def forever():
+        while True:
+            _calls_something()
+
+    with time_limit(20.0):  # this test's own net: DeadlineExceeded if the check never cuts
+        with pytest.raises(budget.WorkBudgetExceeded), budget.work_budget(100_000):
+            forever()
+    assert budget.exceeded()
+
+
+# Items that never run math-verify's parser: isolate.score_item scores them without a fork.
+NO_PARSER = [
+    ("\\boxed{29}", "29"),
+    ("So \\boxed{27}. Wait, recheck: \\boxed{29}.", "29"),
+    ("The answer is 216.", "215"),
+    ("Hmm, this needs more work on the second case, where", "3"),
+    ("\\boxed{12 \\text{ maybe thirteen}}", "12"),
+    ("The answer is 12 or 13.", "12"),
+]
+PARSER = [("\\boxed{\\frac{3}{5}}", "0.6"), ("The answer is $x = 2$.", "2")]
+
+
+def _no_fork(*args):
+    raise AssertionError("forked")
+
+
+def test_items_scored_without_a_fork_count_what_a_fork_counts(monkeypatch):
+    # The same edge as in a fork (test_the_budget_edge_is_exact), here in this process.
+    for text, gold in NO_PARSER:
+        needed = _calls(text, gold)
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "fork", _no_fork)
+            at = score_item(text, gold, dataclasses.replace(CFG, max_work_calls=needed))
+            below = score_item(text, gold, dataclasses.replace(CFG, max_work_calls=needed - 1))
+        assert at.status != "timeout" and below.status == "timeout", (text, needed)
+        assert at == score_isolated(text, gold, CFG)
+
+
+def test_scoring_without_a_fork_leaves_the_state_forks_start_from():
+    re.purge()  # so that the items below compile their patterns in this process
+    before = [_calls(text, gold) for text, gold in PARSER], dict(re._cache)
+    verdicts = [score_item(text, gold, CFG) for text, gold in NO_PARSER + PARSER]
+    assert verdicts == [score_isolated(text, gold, CFG) for text, gold in NO_PARSER + PARSER]
+    assert ([_calls(text, gold) for text, gold in PARSER], dict(re._cache)) == before
 
 
 def test_the_budget_edge_is_exact():
@@ -166,6 +226,33 @@ def test_pool_verdicts_do_not_depend_on_what_was_scored_before():
     assert all("work budget" in v.detail for v in first[:3])
     with RewardPool(CFG) as fresh:  # new workers, same verdicts
         assert fresh.score(HEAVY[::-1], HEAVY_GOLDS[::-1]) == first[::-1]
+
+
+def test_pool_verdicts_are_the_same_in_any_order_and_any_grouping():
+    # Integer items (no parser), parsed ones, and one past its budget, in batches of any size.
+    items = [
+        ("\\boxed{29}", "29"),
+        ("So \\boxed{27}. Wait, recheck: \\boxed{29}.", "29"),
+        ("The answer is 216.", "215"),
+        ("\\boxed{\\frac{3}{5}}", "0.6"),
+        ("\\boxed{(5, \\infty)}", "(5,\\infty)"),
+        (NESTED[12], "42"),
+        ("\\boxed{2\\sqrt{3}}", "\\sqrt{12}"),
+    ]
+    order = [4, 0, 6, 2, 5, 1, 3]
+    with RewardPool(dataclasses.replace(CFG, num_workers=1)) as pool:
+        first = pool.score([t for t, _ in items], [g for _, g in items])
+        shuffled = pool.score([items[i][0] for i in order], [items[i][1] for i in order])
+        grouped = [
+            v
+            for i in range(0, len(items), 3)
+            for v in pool.score([t for t, _ in items[i : i + 3]], [g for _, g in items[i : i + 3]])
+        ]
+    # The revision is wrong: both boxes were committed to (docs/rewards.md).
+    statuses = ["correct", "wrong", "wrong", "correct", "correct", "timeout", "correct"]
+    assert [v.status for v in first] == statuses
+    assert [first[i] for i in order] == shuffled
+    assert grouped == first
 
 
 def test_same_verdicts_in_the_pool_under_load():

@@ -3,12 +3,17 @@ the items scored before it."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from math_verify import parse
 
+from dynamo_jax.rewards import math_check
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.math_check import score_one
 from dynamo_jax.rewards.worker import warm_up
@@ -129,3 +134,55 @@ def test_verdicts_do_not_depend_on_earlier_items_in_process():
     for text, gold, expected in TRICKY:  # each right after a different item
         score_one(*PRIOR[len(text) % len(PRIOR)], LIMITS)
         assert score_one(text, gold, LIMITS).status == expected, (text, gold)
+
+
+# Integer literals skip math-verify's parser (math_check._parsed): its own result, not a copy.
+_INTEGERS = st.one_of(
+    st.integers(-(10**6), 10**6), st.integers(-(10**99), 10**99), st.sampled_from([0, -0, 1, -1])
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(_INTEGERS, st.booleans())
+def test_an_integer_literal_parses_as_math_verify_parses_it(value, boxed):
+    source = f"\\boxed{{{value}}}" if boxed else str(value)
+    assert math_check._INTEGER_SOURCE.fullmatch(source)
+    assert math_check._parsed(source) == parse(source, parsing_timeout=None)
+
+
+def test_only_plain_integer_literals_skip_the_parser():
+    for source in ("007", "\\boxed{007}", "1,000", "\\boxed{12", "12}", "+3", "\\boxed{ 12 }"):
+        assert not math_check._INTEGER_SOURCE.fullmatch(source), source
+    assert math_check._INTEGER_SOURCE.fullmatch("\\boxed{-0}")
+
+
+# (completion, gold) pairs whose answer and gold are integers, in every place the scorer reads.
+_INTEGER_ITEMS = [
+    ("So \\boxed{29}.", "29"),
+    ("So \\boxed{27}. Wait, recheck: \\boxed{29}.", "29"),
+    ("\\boxed{29} and again \\boxed{29}", "29"),
+    ("Therefore the final answer is $\\boxed{140}$.", "139"),
+    ("The answer is 216.", "216"),
+    ("The answer is -4.", "-4"),
+    ("The answer is $-4$.", "4"),
+    ("The answer is -4.", "4"),
+    ("\\boxed{4}", "-4"),
+    ("\\boxed{0}", "-0"),
+    ("\\boxed{50\\%}", "50"),
+    ("\\boxed{007}", "7"),
+    ("We get 12 so the answer is 13", "13"),
+    ("\\boxed{10^{3}}", "1000"),
+    ("\\boxed{1,000}", "1000"),
+    ("\\boxed{12} \\boxed{12.0}", "12"),
+    ("\\boxed{12 = 13}", "12"),
+]
+
+
+def test_integer_verdicts_are_those_of_the_parser(monkeypatch):
+    # The oracle: the same items scored with the shortcut switched off (math-verify parses all).
+    cfg = RewardConfig(timeout_s=20.0)
+    fast = [score_one(text, gold, cfg) for text, gold in _INTEGER_ITEMS]
+    monkeypatch.setattr(math_check, "_INTEGER_SOURCE", re.compile(r"(?!)"))
+    slow = [score_one(text, gold, cfg) for text, gold in _INTEGER_ITEMS]
+    assert fast == slow
+    assert {v.status for v in fast} == {"correct", "wrong"}

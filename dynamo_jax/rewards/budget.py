@@ -6,19 +6,26 @@ A CPU-time limit makes the verdict of an expensive input depend on the machine a
 differently on a loaded host, a slower host, or after a different item. Here the work is
 counted instead:
 
-- Python function calls, counted by a global trace function (`sys.settrace`, which fires once
-  per new frame and, returning None, never traces lines): the same input makes the same calls,
-  so an item past `max_work_calls` is a `timeout` wherever it runs. Honest answers make 10^3 to
-  3*10^5 calls; the default budget is 2*10^6.
+- Python function calls (frames entered), counted by CPython's C profiler (`_lsprof`, what
+  `cProfile` runs; C functions are not counted): the same input makes the same calls, so an
+  item past `max_work_calls` is a `timeout` wherever it runs. Honest answers make 10^2 to
+  5*10^5 calls; the default budget is 2*10^6. A trace function written in Python
+  (`sys.settrace`) counted the same calls with about 1.6 times the overhead; what remains is
+  Python 3.11's own: with any profile hook set, every instruction runs unspecialised. The
+  profiler counts a call when it returns, so the total is checked when the item ends, and, to
+  cut a runaway item, every `_CHECK_EVERY_S` of user CPU time by a SIGVTALRM handler (its own
+  calls are not counted). The clock decides
+  only when a runaway is stopped, never the status: the count only grows, and the status is
+  `timeout` exactly when the item's calls exceed the budget, whether counted to its end or cut.
 - Powers of numbers, which SymPy hands to C or to mpmath (`9^{9^{9^9}}` never returns, and no
   signal can stop it): a power whose result (for a float: whose binary exponent) would exceed
   `_MAX_POWER_BITS` is refused by its size, before it is computed, and counts as the budget
   spent. This covers rational and float bases and exponents alike.
 
-If a library swallows the budget exception (a bare `except:`), the trace function is gone but
-the flag stays set, and the item is a `timeout` all the same when it ends. The CPU-time limit
-(`RewardConfig.timeout_s`) stays, far above what the budget allows, only as a safety net for
-work the budget does not see (a loop in one function making no calls).
+If a library swallows the budget exception (a bare `except:`), the flag stays set (and the
+check raises again at its next tick), and the item is a `timeout` all the same when it ends.
+The CPU-time limit (`RewardConfig.timeout_s`) stays, far above what the budget allows, only as
+a safety net for work the budget does not see (a loop in one function making no calls).
 
 Call counts could depend on the hash seed (set iteration order inside SymPy); the pool starts its
 workers with a fixed PYTHONHASHSEED (scorer.py) so that even items at the edge of the budget get
@@ -27,13 +34,20 @@ the same status in every run.
 
 from __future__ import annotations
 
+import _lsprof
 import contextlib
 import importlib
 import math
+import operator
+import signal
 import sys
 
 # 2**20 bits (~315,000 digits) take milliseconds; every honest answer is far smaller.
 _MAX_POWER_BITS = 1 << 20
+# How often (user CPU seconds) a running item's count is compared with its budget.
+_CHECK_EVERY_S = 0.05
+_CODE = operator.attrgetter("code")
+_CALLCOUNT = operator.attrgetter("callcount")
 
 
 class WorkBudgetExceeded(BaseException):
@@ -43,21 +57,40 @@ class WorkBudgetExceeded(BaseException):
 
 class _Budget:
     active = False
-    left = 0
+    limit = 0
     exceeded = False
+    made = 0
+    profiler = None
 
 
-def _count_call(frame, event, arg):
-    _Budget.left -= 1
-    if _Budget.left < 0:
+def _calls(profiler) -> int:
+    """Returned calls of every function but the check itself (which runs when the clock says).
+
+    C functions only (`map`, `attrgetter`, `dict`): a generator expression here would run
+    Python frames, counted, a number of times that depends on the clock."""
+    stats = profiler.getstats()
+    by_code = dict(zip(map(_CODE, stats), map(_CALLCOUNT, stats)))
+    return sum(by_code.values()) - by_code.get(_CHECK_CODE, 0)
+
+
+def _check(signum, frame):
+    # Inlined `_calls` (a call here would be one more frame per check).
+    profiler = _Budget.profiler
+    if profiler is None:
+        return
+    stats = profiler.getstats()
+    by_code = dict(zip(map(_CODE, stats), map(_CALLCOUNT, stats)))
+    if sum(by_code.values()) - by_code.get(_CHECK_CODE, 0) > _Budget.limit:
         _Budget.exceeded = True
         raise WorkBudgetExceeded()
-    return None  # no line tracing inside the frame
+
+
+_CHECK_CODE = _check.__code__
 
 
 def reset() -> None:
     """No budget for the next item (`RewardConfig.max_work_calls = 0`)."""
-    _Budget.left, _Budget.exceeded, _Budget.active = 0, False, False
+    _Budget.limit, _Budget.exceeded, _Budget.active = 0, False, False
 
 
 def exceeded() -> bool:
@@ -67,22 +100,32 @@ def exceeded() -> bool:
 
 @contextlib.contextmanager
 def work_budget(calls: int):
-    """Count Python calls made inside the block; raise `WorkBudgetExceeded` past `calls`."""
-    _Budget.left, _Budget.exceeded, _Budget.active = calls, False, True
-    previous = sys.gettrace()
-    sys.settrace(_count_call)
+    """Count Python calls made inside the block; raise `WorkBudgetExceeded` past `calls` (main
+    thread only: the check is a signal handler)."""
+    _Budget.limit, _Budget.exceeded, _Budget.active, _Budget.made = calls, False, True, 0
+    profiler = _lsprof.Profiler(builtins=False, subcalls=False)
+    previous = signal.signal(signal.SIGVTALRM, _check)
+    signal.setitimer(signal.ITIMER_VIRTUAL, _CHECK_EVERY_S, _CHECK_EVERY_S)
+    _Budget.profiler = profiler
+    profiler.enable()
     try:
         yield
     finally:
-        sys.settrace(previous)
+        profiler.disable()  # calls still running are counted here
+        _Budget.profiler = None
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
         _Budget.active = False
+        _Budget.made = _calls(profiler)
+        if _Budget.made > calls:
+            _Budget.exceeded = True
 
 
 def calls_made(function, *args) -> int:
     """How many calls `function(*args)` makes (for tests and for sizing the budget)."""
     with work_budget(sys.maxsize):
         function(*args)
-    return sys.maxsize - _Budget.left
+    return _Budget.made
 
 
 def _exponent_size(expt) -> float | None:

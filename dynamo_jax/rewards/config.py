@@ -36,9 +36,10 @@ class RewardConfig:
     no_answer_reward: float = 0.0
     # Work budget per completion, in Python function calls (parsing the gold and the answer and
     # comparing them; see rewards/budget.py). An item past it is a "timeout" on every machine:
-    # the status is a function of the input alone. Honest answers make 10^3 to 3*10^5 calls.
-    # Counting costs ~2-3x in scoring speed; 0 switches it off (then only timeout_s decides,
-    # and a status can depend on the machine's speed and load again).
+    # the status is a function of the input alone. Honest answers make 10^2 to 5*10^5 calls.
+    # Counting, and the fork an item that needs the parser is scored in, cost more than the
+    # scoring (docs/rewards.md); 0 switches counting off (then only timeout_s decides, and a
+    # status can depend on the machine's speed and load again).
     max_work_calls: int = 2_000_000
     # CPU-time limit per completion: only a safety net for work the budget does not count (a
     # loop making no calls), far above the ~1-2 CPU s the whole budget takes. CPU time, not wall

@@ -1,4 +1,4 @@
-"""Score each item in a fresh fork of the warm worker: the same process state for every item.
+"""Score each item from the warm worker's state: in a fresh fork, or in place if no parser runs.
 
 Clearing SymPy's and math-verify's caches (math_check._reset_state) is not enough for the work
 an item does to be a function of the item alone: the ANTLR parser keeps the prediction states
@@ -14,6 +14,15 @@ The child also carries the CPU safety net itself: RLIMIT_CPU makes the kernel ki
 `timeout_s + kill_grace_s` CPU seconds even inside C code no signal handler can interrupt, and
 on Linux it dies with the worker (PR_SET_PDEATHSIG), so a worker killed by the pool leaves
 nothing behind. A fork costs a few milliseconds.
+
+What the fork protects is the parsers' state (ANTLR's DFA, SymPy's and math-verify's caches,
+lazily imported modules). An item that never runs math-verify's parser (an integer answer
+against an integer gold, an answer refused by a screen, no answer) is scored in the worker's
+own process instead (`score_item`), from the same state a fork starts from: SymPy's caches
+cleared (as in every item), the garbage collector off, and afterwards the `re` module's caches
+put back as they were, so that the worker stays in its warm state for the items it forks. Its
+call count, and so its verdict at any budget, is the fork's (tests/test_rewards_budget.py).
+Where the item reaches the parser, `NeedsParser` stops it and it is scored in a fork.
 """
 
 from __future__ import annotations
@@ -24,11 +33,12 @@ import gc
 import math
 import os
 import pickle
+import re
 import resource
 import signal
 
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.math_check import make_verdict, score_one
+from dynamo_jax.rewards.math_check import NeedsParser, make_verdict, score_one, without_parser
 from dynamo_jax.rewards.verdict import Verdict
 
 _PR_SET_PDEATHSIG = 1
@@ -94,3 +104,38 @@ def score_isolated(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
         return make_verdict("timeout", cfg, detail=f"killed at the {cpu_limit} CPU s limit")
     return make_verdict("parse_error", cfg, detail=f"scoring process died (status {status})")
+
+
+# The `re` module's memo of compiled replacement templates (an lru_cache: it can be emptied,
+# not put back); its name changed in Python 3.12.
+_RE_TEMPLATES = getattr(re, "_compile_repl", None) or getattr(re, "_compile_template", None)
+
+
+def forget_regex_templates() -> None:
+    """Empty `re`'s template cache: the worker's warm state holds none (worker.warm_up)."""
+    if _RE_TEMPLATES is not None:
+        _RE_TEMPLATES.cache_clear()
+
+
+def _score_without_parser(text: str, gold: str, cfg: RewardConfig) -> Verdict | None:
+    """`score_one` in this process, or None where it would need math-verify's parser."""
+    patterns = dict(re._cache)
+    collecting = gc.isenabled()
+    gc.disable()  # as in a fork: no collection (and no finaliser's calls) inside the count
+    try:
+        with without_parser():
+            return score_one(text, gold, cfg)
+    except NeedsParser:
+        return None
+    finally:
+        re._cache.clear()
+        re._cache.update(patterns)
+        forget_regex_templates()
+        if collecting:
+            gc.enable()
+
+
+def score_item(text: str, gold: str, cfg: RewardConfig) -> Verdict:
+    """`score_isolated`'s verdict; in this process where no parser runs (module docstring)."""
+    verdict = _score_without_parser(text, gold, cfg)
+    return score_isolated(text, gold, cfg) if verdict is None else verdict

@@ -138,7 +138,36 @@ def _imaginary_unit(item):
         return item
 
 
+# An integer literal, alone or as the whole of one box: what math-verify's parse returns for it
+# is known (`[Integer(n), "n"]`), and its ANTLR parser is most of an item's cost.
+_INTEGER_SOURCE = re.compile(r"(\\boxed\{)?(-?(?:0|[1-9][0-9]{0,99}))(?(1)\})")
+
+
+class NeedsParser(BaseException):
+    """Raised instead of parsing while `without_parser` is on (isolate.score_item); a
+    BaseException, so that no `except Exception` on the way turns it into a verdict."""
+
+
+class _Parser:
+    allowed = True
+
+
+@contextlib.contextmanager
+def without_parser():
+    """Raise `NeedsParser` where math-verify's parser would run (see isolate.score_item)."""
+    _Parser.allowed = False
+    try:
+        yield
+    finally:
+        _Parser.allowed = True
+
+
 def _parsed(source: str) -> list:
+    integer = _INTEGER_SOURCE.fullmatch(source)
+    if integer is not None:  # equal to parse's own result (tests/test_rewards_math_check.py)
+        return [sympy.Integer(integer[2]), integer[2]]
+    if not _Parser.allowed:
+        raise NeedsParser()
     return [
         _imaginary_unit(_evaluate_infinities(item)) for item in parse(source, parsing_timeout=None)
     ]

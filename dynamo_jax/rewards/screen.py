@@ -177,10 +177,9 @@ def _stray_word(answer: str, gold: str) -> str | None:
 def answer_reason(answer: str, gold: str) -> str | None:
     """Why an extracted final answer (a box's content) earns nothing, or None."""
     words = _text_words(answer)
-    if _hedged(words, gold):
-        return "several final answers (a disjunction or a range)"
-    if _mid_outside_set(answer, gold):
-        return "several final answers (\\mid outside a set)"
+    reason = _several_answers(answer, words, gold)
+    if reason is not None:
+        return reason
     if is_single_value(gold):
         if _CONJUNCTION.search(words) and not _CONJUNCTION.search(gold):
             return "several final answers where the gold is one value"
@@ -195,6 +194,16 @@ def answer_reason(answer: str, gold: str) -> str | None:
     word = _stray_word(answer, gold)
     if word is not None:
         return f"the final answer holds a word that is not a unit ({word!r})"
+    return None
+
+
+def _several_answers(answer: str, words: str, gold: str) -> str | None:
+    """The checks every final answer gets, boxed or in prose: a disjunction or a range, or
+    `\\mid` outside a set, that the gold does not have itself (`words`: the answer's words)."""
+    if _hedged(words, gold):
+        return "several final answers (a disjunction or a range)"
+    if _mid_outside_set(answer, gold):
+        return "several final answers (\\mid outside a set)"
     return None
 
 
@@ -280,10 +289,9 @@ def clause_reason(clause: str, gold: str) -> str | None:
     if code:
         return f"code-like final answer ({code.group(0).strip()!r})"
     words = _text_words(clause)
-    if _hedged(words, gold):
-        return "several final answers (a disjunction or a range)"
-    if _mid_outside_set(clause, gold):
-        return "several final answers (\\mid outside a set)"
+    reason = _several_answers(clause, words, gold)
+    if reason is not None:
+        return reason
     if is_single_value(gold):
         if _CONJUNCTION.search(words):
             return "several final answers where the gold is one value"

@@ -7,12 +7,13 @@ SymPy and the ANTLR grammar) once, making a replacement worker a cheap fork.
 
 from __future__ import annotations
 
+import gc
 import resource
 from multiprocessing.connection import Connection
 
-from dynamo_jax.rewards import isolate
+from dynamo_jax.rewards import isolate, math_check
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.isolate import score_isolated
+from dynamo_jax.rewards.isolate import score_item
 from dynamo_jax.rewards.math_check import score_one
 from dynamo_jax.rewards.user import load_function, score_user
 
@@ -57,7 +58,7 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
             return
         index, text, gold, source, extra_info = message
         if function is None:
-            scored = score_isolated if isolate.available() else score_one
+            scored = score_item if isolate.available() else score_one
             conn.send((index, scored(text, gold, cfg)))
         else:
             conn.send((index, score_user(function, text, gold, source, extra_info, cfg)))
@@ -112,5 +113,14 @@ def warm_up(cfg: RewardConfig | None = None) -> None:
     cfg = cfg or RewardConfig()
     for text, gold in _WARM_UP_CASES:
         score_one(text, gold, cfg)
+    # Every item's fork starts from here: with SymPy's and math-verify's caches already empty,
+    # its own reset frees nothing (freeing the warm-up's objects cost each fork ~5-9 CPU ms of
+    # copy-on-write), and with the collector's objects frozen, a collection in this process
+    # between items does not write to the pages its forks share. `re`'s template cache is empty
+    # here as after every item scored in this process (isolate.score_item).
+    math_check._reset_state()
+    isolate.forget_regex_templates()
+    gc.collect()
+    gc.freeze()
     global _warm
     _warm = True
