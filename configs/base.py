@@ -15,7 +15,7 @@ import typing
 import ml_collections as mlc
 from ml_collections import config_dict
 
-from dynamo_jax.config import SECTIONS, check_renamed
+from dynamo_jax.config import SECTIONS, check_renamed, section_fields
 from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.models.presets import get_preset
 
@@ -46,24 +46,21 @@ def section(name: str, **values) -> mlc.ConfigDict:
     still set it. Unknown names fail here, as they would when the run config is built.
     """
     cls = SECTIONS[name]
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = section_fields(name)
     check_renamed(name, set(values) - set(fields))
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(f"config.{name}: unknown field(s) {unknown} for {cls.__name__}")
     out = mlc.ConfigDict()
-    for key, f in fields.items():
+    for key, (default, hint) in fields.items():
         if key in values:
             value = values[key]
-        elif f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
+        elif default is not dataclasses.MISSING:
+            value = default
         else:
             raise ValueError(f"config.{name}.{key} has no default: set it")
         if value is None:
-            value = config_dict.placeholder(_placeholder_type(hints[key]))
+            value = config_dict.placeholder(_placeholder_type(hint))
         elif isinstance(value, list):
             value = tuple(value)
         out[key] = value
@@ -98,7 +95,7 @@ def temperature(mode: str = "fixed", initial: float = 1.0, **fields) -> mlc.Conf
 def loss(variant: str = "dynamo", **overrides) -> mlc.ConfigDict:
     """The loss section for a loss variant (DynaMO, GRPO or a Table-1 baseline), at its published
     defaults."""
-    return section("loss", **dataclasses.asdict(LossConfig.preset(variant, **overrides)))
+    return section("loss", **LossConfig.preset(variant, **overrides).flat())
 
 
 def mesh(shape=(1, -1, 1), **fields) -> mlc.ConfigDict:

@@ -38,6 +38,9 @@ LR_SCHEDULES = ("constant", "cosine")
 RENAMED: dict[str, str] = {
     "loss.baseline": "loss.variant",  # it holds the method (dynamo, grpo, ...), not a baseline
     "loss.tau": "loss.ums_tau",  # UMS's threshold; τ is the sampling temperature elsewhere
+    # one name each for α_c and α_s (the key was comp_alpha, the value read alpha_comp)
+    "loss.comp_alpha": "loss.alpha_comp",
+    "loss.stab_alpha": "loss.alpha_stab",
 }
 
 
@@ -354,6 +357,33 @@ def section_class(name: str) -> type:
     return SECTIONS[name]
 
 
+def section_fields(name: str) -> dict[str, tuple[Any, Any]]:
+    """The flat keys of section `name`: key → (default, type hint); the default is
+    `dataclasses.MISSING` where there is none.
+
+    A section whose extension points own some of its keys (the loss variants' settings) lists
+    them itself (`flat_fields`); any other section's keys are its dataclass's init fields.
+    """
+    cls = section_class(name)
+    if hasattr(cls, "flat_fields"):
+        return cls.flat_fields()
+    return dataclass_fields(cls)
+
+
+def dataclass_fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """`cls`'s init fields: name → (default or `dataclasses.MISSING`, type hint)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default = f.default
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        out[f.name] = (default, hints[f.name])
+    return out
+
+
 def _plain(value: Any) -> Any:
     """ConfigDict/list values → plain dicts and tuples (frozen dataclasses want hashables)."""
     if hasattr(value, "to_dict"):
@@ -368,7 +398,7 @@ def _plain(value: Any) -> Any:
 def build_section(name: str, values: Mapping[str, Any]) -> Any:
     """One section's dataclass; unknown fields and validation errors name `name.field`."""
     cls = section_class(name)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields = set(section_fields(name))
     values = _plain(values)
     check_renamed(name, set(values) - fields)
     unknown = sorted(set(values) - fields)
@@ -443,5 +473,11 @@ def check_cross_fields(run: RunConfig) -> None:
 
 
 def to_json_dict(run: RunConfig) -> dict:
-    """The resolved config as JSON (saved in every checkpoint and in workdir/config.json)."""
-    return dataclasses.asdict(run)
+    """The resolved config as JSON (saved in every checkpoint and in workdir/config.json), each
+    section as its flat keys (what a config file sets)."""
+    out = dataclasses.asdict(run)
+    for name in SECTIONS:
+        section = getattr(run, name)
+        if hasattr(section, "flat"):
+            out[name] = section.flat()
+    return out

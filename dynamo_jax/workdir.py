@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
-from dynamo_jax.config import RENAMED, RunConfig, section_class, to_json_dict
+from dynamo_jax.config import RENAMED, RunConfig, section_fields, to_json_dict
 from dynamo_jax.data.hub import is_hub_spec
 from dynamo_jax.errors import CheckpointError, ConfigError, WorkdirInUseError
 from dynamo_jax.sharding import multihost
@@ -115,13 +115,12 @@ def _default(name: str) -> Any:
     """The dataclass default of `section.field` (what code without the field behaved like)."""
     section, _, field = name.partition(".")
     try:
-        fields = {f.name: f for f in dataclasses.fields(section_class(section))}
+        default, _ = section_fields(section).get(field, (dataclasses.MISSING, None))
     except KeyError:
         return _ABSENT
-    f = fields.get(field)
-    if f is None or f.default is dataclasses.MISSING:
+    if default is dataclasses.MISSING:
         return _ABSENT
-    return json.loads(json.dumps(f.default))
+    return json.loads(json.dumps(default))
 
 
 def _blocks(name: str) -> bool:

@@ -183,7 +183,7 @@ def test_allocation_switch_picks_any_known_policy():
 
 def test_the_7b_modulation_is_the_authors_7b_script():
     run = _load("dynamo_qwen25_math_7b")
-    assert (run.loss.alpha_comp, run.loss.alpha_stab, run.loss.gamma, run.loss.ums_tau) == (
+    assert (*run.loss.settings.alphas(), run.loss.settings.gamma, run.loss.settings.ums_tau) == (
         0.2,
         0.4,
         50.0,
@@ -191,9 +191,10 @@ def test_the_7b_modulation_is_the_authors_7b_script():
     )
     for name in ("dynamo_qwen25_math_1p5b", "dynamo_qwen3_14b"):
         loss = _load(name).loss
-        assert (loss.alpha_comp, loss.alpha_stab, loss.gamma, loss.ums_tau) == (0.4, 0.4, 50.0, 0.9)
+        s = loss.settings
+        assert (*s.alphas(), s.gamma, s.ums_tau) == (0.4, 0.4, 50.0, 0.9)
     # Baselines keep their own published presets on the 7B too.
-    assert _load("dynamo_qwen25_math_7b", "baseline=grpo").loss.ums_tau == 0.9
+    assert _load("dynamo_qwen25_math_7b", "baseline=grpo").loss.flat()["ums_tau"] == 0.9
 
 
 @pytest.mark.parametrize("name,preset,devices,lr", E3)
