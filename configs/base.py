@@ -189,14 +189,12 @@ def method_sections(
     n_avg: int,
     g_min: int,
     g_max: int,
-    vocab_size: int,
-    total_steps: int,
     fixed_temperature: float = 1.0,
 ) -> dict[str, mlc.ConfigDict]:
     """The `allocation`, `temperature` and `loss` sections of `method` (one of METHODS): n_avg
     rollouts per prompt on average, within [g_min, g_max] where the method allocates freely;
-    E3's scheduler needs the policy's `vocab_size` and anneals over `total_steps`; every other
-    method samples at `fixed_temperature`."""
+    E3's scheduler anneals its entropy target over the run (its |V| and length are derived from
+    `model.vocab_size` and `train.steps`); every other method samples at `fixed_temperature`."""
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps at small scale; with the paper's 1.0 early failures of
     # now-solved prompts keep their priority up and a tiny run can settle on one answer for
@@ -222,7 +220,7 @@ def method_sections(
         "grpo_dynamic_sampling": uniform,
     }
     if method == "e3":
-        tau = temperature("e3", 1.0, vocab_size=vocab_size, anneal=True, total_steps=total_steps)
+        tau = temperature("e3", 1.0, anneal=True)
     else:
         tau = temperature("fixed", fixed_temperature)
     return {

@@ -18,6 +18,7 @@ This module imports nothing of the package (the math and model packages all use 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -118,3 +119,52 @@ class Registry(Generic[S]):
                 )
         settings = getattr(spec, "settings", None) or NoSettings
         return settings(**{k: v for k, v in values.items() if k in own})
+
+
+# ----------------------------------------------------------------------------- flat sections
+# A config section whose chosen spec owns some of its keys (`LossConfig.variant`,
+# `TemperatureConfig.mode`) is a frozen dataclass of the shared keys plus `settings`, the chosen
+# spec's record; these three functions are its `__init__`, its flat keys and their defaults.
+
+
+def init_flat(obj: Any, table: Registry, selector: str, values: Mapping[str, Any], where: str):
+    """Set `obj`'s shared fields from `values` (defaults elsewhere) and its `settings` from the
+    keys its chosen spec (field `selector`) owns. A `settings` record of that spec's type in
+    `values` (as `dataclasses.replace` passes it) is the base the flat keys override."""
+    shared = {f.name: f for f in dataclasses.fields(obj) if f.name != "settings"}
+    unknown = sorted(set(values) - {"settings"} - set(shared) - set(table.settings_defaults()))
+    if unknown:
+        raise TypeError(f"{where} got unknown field(s) {unknown}")
+    for name, f in shared.items():
+        object.__setattr__(obj, name, values[name] if name in values else field_default(f))
+    chosen = getattr(obj, selector)
+    if chosen not in table:
+        raise ValueError(f"{where}.{selector} must be one of {table.names()}, got {chosen!r}")
+    own = getattr(table.get(chosen), "settings", None) or NoSettings
+    flat = {k: v for k, v in values.items() if k not in shared and k != "settings"}
+    if isinstance(values.get("settings"), own):
+        flat = {**dataclasses.asdict(values["settings"]), **flat}
+    object.__setattr__(obj, "settings", table.build_settings(chosen, flat, where))
+
+
+def flat_fields(cls: type, table: Registry) -> dict[str, tuple[Any, Any]]:
+    """key → (default, type hint): `cls`'s shared keys, then every registered spec's own keys."""
+    hints = typing.get_type_hints(cls)
+    out = {
+        f.name: (field_default(f), hints[f.name])
+        for f in dataclasses.fields(cls)
+        if f.name != "settings"
+    }
+    for spec in table.specs():
+        settings = getattr(spec, "settings", None) or NoSettings
+        hints = typing.get_type_hints(settings)
+        out.update({k: (field_default(f), hints[k]) for k, f in settings_fields(spec).items()})
+    return out
+
+
+def flat_values(obj: Any, table: Registry) -> dict[str, Any]:
+    """`obj`'s flat keys as a config file holds them: every key at its default, then the shared
+    fields and the chosen spec's settings."""
+    shared = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.name != "settings"}
+    defaults = {k: default for k, (default, _) in flat_fields(type(obj), table).items()}
+    return {**defaults, **shared, **dataclasses.asdict(obj.settings)}

@@ -44,6 +44,9 @@ def test_an_old_key_in_a_section_names_the_new_one(old, new):
          "error: --config.loss.tau: this key was renamed; use --config.loss.ums_tau"),
         ("--config.loss.comp_alpha=0.2",
          "error: --config.loss.comp_alpha: this key was renamed; use --config.loss.alpha_comp"),
+        ("--config.temperature.total_steps=6",
+         "error: --config.temperature.total_steps: this key is derived from --config.train.steps; "
+         "remove it"),
     ],
 )  # fmt: skip
 def test_launch_refuses_an_old_override_in_one_line(tmp_path, override, line):

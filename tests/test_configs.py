@@ -51,7 +51,7 @@ def test_tiny_methods_share_the_rollout_budget():
     assert len(set(budgets.values())) == 1
     assert runs["dynamo"].allocation.policy == "dynamo" and runs["dynamo"].loss.variant == "dynamo"
     assert runs["grpo"].allocation.policy == "uniform" and runs["grpo"].loss.variant == "grpo"
-    assert runs["e3"].temperature.mode == "e3" and runs["e3"].temperature.anneal
+    assert runs["e3"].temperature.mode == "e3" and runs["e3"].temperature.settings.anneal
     # The two halves of DynaMO, each alone (Table 2's ablations at tiny scale).
     no_dra, no_mod = runs["dynamo_no_dra"], runs["dynamo_no_modulation"]
     assert no_dra.allocation.policy == "uniform" and no_dra.loss.variant == "dynamo"
@@ -127,7 +127,7 @@ def test_reproduction_hyperparameters_state_effective_clips():
     assert (*small.loss.settings.alphas(), small.loss.settings.ums_tau) == (0.4, 0.4, 0.9)
     e3 = _load("e3_r1_distill_7b")
     assert e3.allocation.policy == "e3" and e3.allocation.n_avg == 8
-    assert e3.temperature.anneal and e3.temperature.vocab_size == e3.model.vocab_size
+    assert e3.temperature.settings.anneal and e3.temperature.vocab_size == e3.model.vocab_size
 
 
 def test_bad_arguments_fail_clearly():

@@ -214,8 +214,8 @@ def test_e3_configs_hold_the_papers_training_details(name, preset, devices, lr):
     assert bounds == [(8, 8), (6, 10), (4, 12), (4, 12)]
     # Temperature: from τ = 1, entropy held; annealing from ⌊0.6 · 480⌋ = 288 with η = 0.9.
     t = run.temperature
-    assert (t.mode, t.initial, t.anneal, t.eta) == ("e3", 1.0, True, 0.9)
-    assert (t.total_steps, t.anneal_start_step) == (480, 288)
+    assert (t.mode, t.initial, t.settings.anneal, t.settings.eta) == ("e3", 1.0, True, 0.9)
+    assert (t.total_steps, t.settings.anneal_start_step(t.total_steps)) == (480, 288)
     assert t.vocab_size == run.model.vocab_size
     # Responses ≤ 6,144 tokens; prompts ≤ 2,048, longer ones dropped as the scripts do.
     assert (run.rollout.max_new_tokens, run.data.max_prompt_tokens) == (6144, 2048)

@@ -11,11 +11,11 @@ hold its default (set, it would be silently ignored).
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any
 
 from dynamo_jax import validate
 from dynamo_jax.losses import registry
+from dynamo_jax.registry import flat_fields, flat_values, init_flat
 
 # prompt-mean: each sequence's token mean, averaged within its prompt group, groups averaged with
 # equal weight (the estimator DynaMO's allocation is derived for; docs/estimators.md).
@@ -59,20 +59,7 @@ class LossConfig:
     settings: Any = None
 
     def __init__(self, **values: Any):
-        shared = {f.name: f for f in dataclasses.fields(self) if f.name != "settings"}
-        unknown = sorted(set(values) - {"settings"} - set(flat_defaults()))
-        if unknown:
-            raise TypeError(f"LossConfig got unknown field(s) {unknown}")
-        for name, f in shared.items():
-            object.__setattr__(self, name, values.get(name, f.default))
-        _choice("variant", self.variant, registry.names())
-        own_type = registry.get(self.variant).settings
-        base = values.get("settings")
-        flat = {k: v for k, v in values.items() if k not in shared and k != "settings"}
-        if isinstance(base, own_type):  # dataclasses.replace: the record, then the changes
-            flat = {**dataclasses.asdict(base), **flat}
-        settings = registry.VARIANTS.build_settings(self.variant, flat, "LossConfig")
-        object.__setattr__(self, "settings", settings)
+        init_flat(self, registry.VARIANTS, "variant", values, "LossConfig")
         self.__post_init__()
 
     def __post_init__(self):
@@ -94,12 +81,8 @@ class LossConfig:
             _check("kl_coef", self.kl_coef > 0.0, "> 0 when kl is enabled", self.kl_coef)
 
     def flat(self) -> dict[str, Any]:
-        """The section's flat keys as a config file holds them: every key at its default, then
-        the shared fields and the variant's own settings."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del shared["settings"]
-        defaults = {k: default for k, (default, _) in flat_defaults().items()}
-        return {**defaults, **shared, **dataclasses.asdict(self.settings)}
+        """The section's flat keys as a config file holds them (`registry.flat_values`)."""
+        return flat_values(self, registry.VARIANTS)
 
     @property
     def needs_k(self) -> bool:
@@ -110,24 +93,10 @@ class LossConfig:
     def flat_fields(cls) -> dict[str, tuple[Any, Any]]:
         """Every flat key of the section: key → (default, type hint) (config.py builds the
         section from these): the shared fields and each registered variant's own keys."""
-        return flat_defaults()
+        return flat_fields(cls, registry.VARIANTS)
 
     @classmethod
     def preset(cls, variant: str, **overrides) -> LossConfig:
         """The variant's published hyperparameters, then `overrides` on top."""
         _choice("variant", variant, registry.names())
         return cls(variant=variant, **{**registry.get(variant).preset, **overrides})
-
-
-def flat_defaults() -> dict[str, tuple[Any, Any]]:
-    """key → (default, type hint): the shared keys, then every registered variant's own keys."""
-    hints = typing.get_type_hints(LossConfig)
-    out = {
-        f.name: (f.default, hints[f.name])
-        for f in dataclasses.fields(LossConfig)
-        if f.name != "settings"
-    }
-    for spec in registry.VARIANTS.specs():
-        hints = typing.get_type_hints(spec.settings)
-        out.update({f.name: (f.default, hints[f.name]) for f in dataclasses.fields(spec.settings)})
-    return out
