@@ -323,7 +323,7 @@ class RunConfig:
             and not t.dynamic_sampling
             and self.loss.kl == "none"
             and not self.temperature.reads_entropy
-            and not self.allocation.entropy_factor
+            and not self.allocation.reads_entropy
         )
 
     @property
@@ -341,7 +341,7 @@ class RunConfig:
             and t.old_logp_source == "engine"
             and self.loss.kl == "none"
             and not self.temperature.reads_entropy
-            and not self.allocation.entropy_factor
+            and not self.allocation.reads_entropy
         )
 
     @property

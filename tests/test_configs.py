@@ -71,7 +71,7 @@ def test_tiny_allocation_variants_change_only_the_allocation():
     # the script's [n/2, 3n/2] and its exploration target b = max(n_low, 4) = n_low
     alloc = as_run.allocation
     assert (alloc.g_min, alloc.n_avg, alloc.g_max) == (4, 8, 12)
-    assert max(alloc.g_min, alloc.as_run_explore_to) == alloc.g_min
+    assert max(alloc.g_min, alloc.settings.as_run_explore_to) == alloc.g_min
 
 
 def test_tiny_task_argument_changes_only_the_data_and_rate():

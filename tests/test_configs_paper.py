@@ -210,7 +210,9 @@ def test_e3_configs_hold_the_papers_training_details(name, preset, devices, lr):
     # Curriculum: [8, 8] in epoch 1, G_max += 2 and G_min -= 2 per epoch: [6, 10], then [4, 12].
     a = run.allocation
     assert a.policy == "e3"
-    bounds = [e3_bounds(e, a.n_avg, a.g_min, a.g_max, a.e3_curriculum_step) for e in range(4)]
+    bounds = [
+        e3_bounds(e, a.n_avg, a.g_min, a.g_max, a.settings.e3_curriculum_step) for e in range(4)
+    ]
     assert bounds == [(8, 8), (6, 10), (4, 12), (4, 12)]
     # Temperature: from τ = 1, entropy held; annealing from ⌊0.6 · 480⌋ = 288 with η = 0.9.
     t = run.temperature
