@@ -162,6 +162,10 @@ def test_a_toy_family_registered_from_outside_round_trips(tmp_path):
         hf = cfg.to_hf_config()
         assert (hf["model_type"], hf["toy_marker"]) == ("toyfam", True)
         assert ModelConfig.from_hf_config(hf) == cfg
+        unbiased = cfg.replace(qkv_bias=False)  # read back by the family's own read_hf
+        assert ModelConfig.from_hf_config(unbiased.to_hf_config()) == unbiased
+        with pytest.raises(ValueError, match="lacks toy_marker"):
+            ModelConfig.from_hf_config({**hf, "toy_marker": False})
         params = init_params(cfg, jax.random.key(0))
         path = hf_io.save_hf_checkpoint(params, cfg, tmp_path / "toy")
         cfg2, params2 = hf_io.load_hf_checkpoint(path)
