@@ -41,7 +41,7 @@ raised to train further, learning rate, loss, batch split, evaluation, logging, 
 mesh (the state is restored onto the new layout), engine and reward settings, `train.seed` (the
 random streams of the remaining steps change). A field the saved config lacks (added to the
 code since) counts as its default; a field saved under its old name (config.RENAMED) counts as
-the field it was renamed to.
+the field it was renamed to; a derived field (config.DERIVED) is not compared, its source is.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
-from dynamo_jax.config import RENAMED, RunConfig, section_fields, to_json_dict
+from dynamo_jax.config import DERIVED, RENAMED, RunConfig, section_fields, to_json_dict
 from dynamo_jax.data.hub import is_hub_spec
 from dynamo_jax.errors import CheckpointError, ConfigError, WorkdirInUseError
 from dynamo_jax.sharding import multihost
@@ -137,7 +137,8 @@ def config_differences(saved: dict, current: dict) -> tuple[list[str], list[str]
     old = {RENAMED.get(name, name): value for name, value in _flat(saved).items()}
     new = _flat(json.loads(json.dumps(current)))
     blocking, other = [], []
-    for name in sorted(set(old) | set(new)):
+    # A derived field follows its source (config.DERIVED), whose change is the one reported.
+    for name in sorted((set(old) | set(new)) - set(DERIVED)):
         before = old.get(name, _default(name))
         after = new.get(name, _ABSENT)
         if before == after:
