@@ -15,7 +15,7 @@ import typing
 import ml_collections as mlc
 from ml_collections import config_dict
 
-from dynamo_jax.config import SECTIONS, check_renamed
+from dynamo_jax.config import SECTIONS, check_renamed, section_fields
 from dynamo_jax.losses.config import LossConfig
 from dynamo_jax.models.presets import get_preset
 
@@ -46,24 +46,21 @@ def section(name: str, **values) -> mlc.ConfigDict:
     still set it. Unknown names fail here, as they would when the run config is built.
     """
     cls = SECTIONS[name]
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = section_fields(name)
     check_renamed(name, set(values) - set(fields))
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(f"config.{name}: unknown field(s) {unknown} for {cls.__name__}")
     out = mlc.ConfigDict()
-    for key, f in fields.items():
+    for key, (default, hint) in fields.items():
         if key in values:
             value = values[key]
-        elif f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
+        elif default is not dataclasses.MISSING:
+            value = default
         else:
             raise ValueError(f"config.{name}.{key} has no default: set it")
         if value is None:
-            value = config_dict.placeholder(_placeholder_type(hints[key]))
+            value = config_dict.placeholder(_placeholder_type(hint))
         elif isinstance(value, list):
             value = tuple(value)
         out[key] = value
@@ -98,7 +95,7 @@ def temperature(mode: str = "fixed", initial: float = 1.0, **fields) -> mlc.Conf
 def loss(variant: str = "dynamo", **overrides) -> mlc.ConfigDict:
     """The loss section for a loss variant (DynaMO, GRPO or a Table-1 baseline), at its published
     defaults."""
-    return section("loss", **dataclasses.asdict(LossConfig.preset(variant, **overrides)))
+    return section("loss", **LossConfig.preset(variant, **overrides).flat())
 
 
 def mesh(shape=(1, -1, 1), **fields) -> mlc.ConfigDict:
@@ -192,14 +189,12 @@ def method_sections(
     n_avg: int,
     g_min: int,
     g_max: int,
-    vocab_size: int,
-    total_steps: int,
     fixed_temperature: float = 1.0,
 ) -> dict[str, mlc.ConfigDict]:
     """The `allocation`, `temperature` and `loss` sections of `method` (one of METHODS): n_avg
     rollouts per prompt on average, within [g_min, g_max] where the method allocates freely;
-    E3's scheduler needs the policy's `vocab_size` and anneals over `total_steps`; every other
-    method samples at `fixed_temperature`."""
+    E3's scheduler anneals its entropy target over the run (its |V| and length are derived from
+    `model.vocab_size` and `train.steps`); every other method samples at `fixed_temperature`."""
     # decay 0.8 (DynaMO only): the history forgets old counts, so P_i follows a policy that
     # changes within a few steps at small scale; with the paper's 1.0 early failures of
     # now-solved prompts keep their priority up and a tiny run can settle on one answer for
@@ -225,7 +220,7 @@ def method_sections(
         "grpo_dynamic_sampling": uniform,
     }
     if method == "e3":
-        tau = temperature("e3", 1.0, vocab_size=vocab_size, anneal=True, total_steps=total_steps)
+        tau = temperature("e3", 1.0, anneal=True)
     else:
         tau = temperature("fixed", fixed_temperature)
     return {

@@ -35,5 +35,5 @@ def get_config(arg: str | None = None):
         # Table 3's vLLM tensor parallel 2: 4 sidecars per 8-GPU host, colocated; vLLM 0.4 and
         # JAX 0.55 of each GPU (Table 3's 0.8 is verl's time-sharing: configs/paper.py)
         vllm=dict(vllm_tensor_parallel=2, gpu_memory_utilization=0.4, jax_memory_fraction=0.55),
-        dynamo_loss=dict(comp_alpha=0.2, stab_alpha=0.4, ums_tau=0.99),
+        dynamo_loss=dict(alpha_comp=0.2, alpha_stab=0.4, ums_tau=0.99),
     )

@@ -247,11 +247,9 @@ def e3_config(
     config.temperature = base.temperature(
         "e3",
         initial=1.0,
-        vocab_size=config.model.vocab_size,
         anneal=True,
         anneal_start_frac=E3_ANNEAL_START_FRAC,
         eta=E3_ETA,
-        total_steps=steps,
     )
     # No warm-up (verl's default ratio 0), constant rate, gradient clip 1.0.
     config.optim = base.optim(

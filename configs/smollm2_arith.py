@@ -59,8 +59,6 @@ def get_config(arg: str | None = None):
         n_avg=8,
         g_min=2,
         g_max=16,
-        vocab_size=config.model.vocab_size,
-        total_steps=steps,
         # Rollouts at T = 0.7: at T = 1 the base model rambles (pass@1 0.01-0.04, one group in
         # eight with a reward signal); at 0.7 it is right ~2x as often, so GRPO has signal from
         # the first step. Evaluation stays at T = 1 (evaluate.py), so the gain is measured there.

@@ -51,9 +51,7 @@ def get_config(arg: str | None = None):
     # script within [4, 12]). E3's curriculum widens [G, G] by 2 per pass over the data; 25
     # problems at 16 per step make every step a pass (the iterator drops the partial batch), so
     # it is at [4, 12] from step 3 on; a real dataset widens it over many steps.
-    sections = base.method_sections(
-        method, n_avg=8, g_min=2, g_max=16, vocab_size=config.model.vocab_size, total_steps=steps
-    )
+    sections = base.method_sections(method, n_avg=8, g_min=2, g_max=16)
     config.allocation = sections["allocation"]
     config.temperature = sections["temperature"]
     config.loss = sections["loss"]

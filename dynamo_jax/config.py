@@ -38,11 +38,29 @@ LR_SCHEDULES = ("constant", "cosine")
 RENAMED: dict[str, str] = {
     "loss.baseline": "loss.variant",  # it holds the method (dynamo, grpo, ...), not a baseline
     "loss.tau": "loss.ums_tau",  # UMS's threshold; τ is the sampling temperature elsewhere
+    # one name each for α_c and α_s (the key was comp_alpha, the value read alpha_comp)
+    "loss.comp_alpha": "loss.alpha_comp",
+    "loss.stab_alpha": "loss.alpha_stab",
+}
+
+
+# Keys whose value is another section's, "section.key" → "section.source": `from_config_dict`
+# derives them, so a config neither needs nor may set them (an older config.json holding the
+# value it was derived from, or None, still loads).
+DERIVED: dict[str, str] = {
+    "temperature.vocab_size": "model.vocab_size",  # the E3 gain's |V| is the policy's
+    "temperature.total_steps": "train.steps",  # Eq. 5's t_max is the run's length
 }
 
 
 def renamed_message(old: str, flag: str | None = None) -> str | None:
-    """'<where>: renamed to <new>' for an old `section.field` key, else None."""
+    """'<where>: renamed to <new>' for an old `section.field` key, '<where>: derived from
+    <source>' for a derived one, else None."""
+    source = DERIVED.get(old)
+    if source is not None:
+        if flag is not None:
+            return f"{flag}: this key is derived from --config.{source}; remove it"
+        return f"config.{old} is derived from config.{source}; remove it"
     new = RENAMED.get(old)
     if new is None:
         return None
@@ -52,7 +70,8 @@ def renamed_message(old: str, flag: str | None = None) -> str | None:
 
 
 def check_renamed(section: str, names) -> None:
-    """`ConfigError` naming the new key if `names` (fields given for `section`) holds an old one."""
+    """`ConfigError` naming the new key if `names` (fields given for `section`) holds an old one
+    (or the source of a derived one)."""
     for name in sorted(names):
         message = renamed_message(f"{section}.{name}")
         if message:
@@ -303,8 +322,8 @@ class RunConfig:
             and t.ppo_epochs == 1
             and not t.dynamic_sampling
             and self.loss.kl == "none"
-            and self.temperature.mode != "e3"
-            and not self.allocation.entropy_factor
+            and not self.temperature.reads_entropy
+            and not self.allocation.reads_entropy
         )
 
     @property
@@ -321,8 +340,8 @@ class RunConfig:
             t.skip_on_policy_logprob_pass
             and t.old_logp_source == "engine"
             and self.loss.kl == "none"
-            and self.temperature.mode != "e3"
-            and not self.allocation.entropy_factor
+            and not self.temperature.reads_entropy
+            and not self.allocation.reads_entropy
         )
 
     @property
@@ -354,6 +373,33 @@ def section_class(name: str) -> type:
     return SECTIONS[name]
 
 
+def section_fields(name: str) -> dict[str, tuple[Any, Any]]:
+    """The keys a config sets in section `name`: key → (default, type hint); the default is
+    `dataclasses.MISSING` where there is none. Derived fields (DERIVED) are not keys.
+
+    A section whose extension points own some of its keys (the loss variants' settings, the
+    temperature schedules') lists them itself (`flat_fields`); any other section's keys are its
+    dataclass's init fields.
+    """
+    cls = section_class(name)
+    fields = cls.flat_fields() if hasattr(cls, "flat_fields") else dataclass_fields(cls)
+    return {k: v for k, v in fields.items() if f"{name}.{k}" not in DERIVED}
+
+
+def dataclass_fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """`cls`'s init fields: name → (default or `dataclasses.MISSING`, type hint)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default = f.default
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        out[f.name] = (default, hints[f.name])
+    return out
+
+
 def _plain(value: Any) -> Any:
     """ConfigDict/list values → plain dicts and tuples (frozen dataclasses want hashables)."""
     if hasattr(value, "to_dict"):
@@ -365,10 +411,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def build_section(name: str, values: Mapping[str, Any]) -> Any:
-    """One section's dataclass; unknown fields and validation errors name `name.field`."""
+def build_section(name: str, values: Mapping[str, Any], derived: Mapping[str, Any] = {}) -> Any:  # noqa: B006
+    """One section's dataclass; unknown fields and validation errors name `name.field`.
+    `derived`: the section's derived fields (DERIVED), with their values."""
     cls = section_class(name)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields = set(section_fields(name))
     values = _plain(values)
     check_renamed(name, set(values) - fields)
     unknown = sorted(set(values) - fields)
@@ -377,9 +424,24 @@ def build_section(name: str, values: Mapping[str, Any]) -> Any:
             f"config.{name} has unknown field(s) {unknown}; {cls.__name__} fields: {sorted(fields)}"
         )
     try:
-        return cls(**values)
+        return cls(**values, **derived)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"config.{name} ({cls.__name__}): {err}") from err
+
+
+def _take_derived(raw: dict, built: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Pop the derived keys out of `raw`'s sections; section → {field: derived value}. A given
+    value other than None or the derived one is refused in one line (`renamed_message`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, source in DERIVED.items():
+        section, field = key.split(".")
+        src_section, src_field = source.split(".")
+        value = getattr(built[src_section], src_field)
+        given = raw[section].pop(field, None) if isinstance(raw[section], dict) else None
+        if given is not None and given != value:
+            raise ConfigError(f"{renamed_message(key)} (it holds {given!r}, {source} is {value!r})")
+        out.setdefault(section, {})[field] = value
+    return out
 
 
 def from_config_dict(config: Any) -> RunConfig:
@@ -389,7 +451,11 @@ def from_config_dict(config: Any) -> RunConfig:
     extra = sorted(set(raw) - set(SECTIONS) - {"name"})
     if missing or extra:
         raise ConfigError(f"config sections: missing {missing}, unknown {extra}")
-    sections = {name: build_section(name, raw[name]) for name in SECTIONS}
+    targets = {key.split(".")[0] for key in DERIVED}
+    sections = {name: build_section(name, raw[name]) for name in SECTIONS if name not in targets}
+    derived = _take_derived(raw, sections)
+    sections.update({name: build_section(name, raw[name], derived[name]) for name in targets})
+    sections = {name: sections[name] for name in SECTIONS}  # RunConfig's order
     run = RunConfig(name=str(raw.get("name", "run")), **sections)
     check_cross_fields(run)
     return run
@@ -397,7 +463,7 @@ def from_config_dict(config: Any) -> RunConfig:
 
 def check_cross_fields(run: RunConfig) -> None:
     """Constraints that span sections."""
-    train, alloc, temp = run.train, run.allocation, run.temperature
+    train, alloc = run.train, run.allocation
     try:
         alloc.validate_against(norm_adv_by_std=run.loss.norm_adv_by_std)
     except ValueError as err:
@@ -420,20 +486,11 @@ def check_cross_fields(run: RunConfig) -> None:
             f"train.max_tokens_per_micro_batch ({train.max_tokens_per_micro_batch}) must hold at "
             f"least one row of train.pack_len = {row_len} tokens"
         )
-    if temp.mode == "e3" and temp.vocab_size != run.model.vocab_size:
-        raise ConfigError(
-            f"temperature.vocab_size ({temp.vocab_size}) must equal model.vocab_size "
-            f"({run.model.vocab_size}): the E3 gain uses the policy's |V|"
-        )
     if train.old_logp_source == "engine" and (run.rollout.top_p < 1.0 or run.rollout.top_k != -1):
         raise ConfigError(
             "train.old_logp_source='engine' needs rollout.top_p = 1 and rollout.top_k = -1: the "
             "engine's log-probs are of the top-k/top-p restricted distribution, the trainer's of "
             f"the full tempered softmax (got top_p {run.rollout.top_p}, top_k {run.rollout.top_k})"
-        )
-    if temp.anneal and temp.total_steps != train.steps:
-        raise ConfigError(
-            f"temperature.total_steps ({temp.total_steps}) must equal train.steps ({train.steps})"
         )
     if run.max_seq_len > run.model.max_position_embeddings:
         raise ConfigError(
@@ -443,5 +500,11 @@ def check_cross_fields(run: RunConfig) -> None:
 
 
 def to_json_dict(run: RunConfig) -> dict:
-    """The resolved config as JSON (saved in every checkpoint and in workdir/config.json)."""
-    return dataclasses.asdict(run)
+    """The resolved config as JSON (saved in every checkpoint and in workdir/config.json), each
+    section as its flat keys (what a config file sets)."""
+    out = dataclasses.asdict(run)
+    for name in SECTIONS:
+        section = getattr(run, name)
+        if hasattr(section, "flat"):
+            out[name] = section.flat()
+    return out

@@ -41,7 +41,7 @@ raised to train further, learning rate, loss, batch split, evaluation, logging, 
 mesh (the state is restored onto the new layout), engine and reward settings, `train.seed` (the
 random streams of the remaining steps change). A field the saved config lacks (added to the
 code since) counts as its default; a field saved under its old name (config.RENAMED) counts as
-the field it was renamed to.
+the field it was renamed to; a derived field (config.DERIVED) is not compared, its source is.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from dynamo_jax.checkpoint import Checkpointer, DamagedStepError, LayoutError, Restored
-from dynamo_jax.config import RENAMED, RunConfig, section_class, to_json_dict
+from dynamo_jax.config import DERIVED, RENAMED, RunConfig, section_fields, to_json_dict
 from dynamo_jax.data.hub import is_hub_spec
 from dynamo_jax.errors import CheckpointError, ConfigError, WorkdirInUseError
 from dynamo_jax.sharding import multihost
@@ -115,13 +115,12 @@ def _default(name: str) -> Any:
     """The dataclass default of `section.field` (what code without the field behaved like)."""
     section, _, field = name.partition(".")
     try:
-        fields = {f.name: f for f in dataclasses.fields(section_class(section))}
+        default, _ = section_fields(section).get(field, (dataclasses.MISSING, None))
     except KeyError:
         return _ABSENT
-    f = fields.get(field)
-    if f is None or f.default is dataclasses.MISSING:
+    if default is dataclasses.MISSING:
         return _ABSENT
-    return json.loads(json.dumps(f.default))
+    return json.loads(json.dumps(default))
 
 
 def _blocks(name: str) -> bool:
@@ -138,7 +137,8 @@ def config_differences(saved: dict, current: dict) -> tuple[list[str], list[str]
     old = {RENAMED.get(name, name): value for name, value in _flat(saved).items()}
     new = _flat(json.loads(json.dumps(current)))
     blocking, other = [], []
-    for name in sorted(set(old) | set(new)):
+    # A derived field follows its source (config.DERIVED), whose change is the one reported.
+    for name in sorted((set(old) | set(new)) - set(DERIVED)):
         before = old.get(name, _default(name))
         after = new.get(name, _ABSENT)
         if before == after:

@@ -52,7 +52,7 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
     hs = [ent[b, t] for b, t in valid]
     h_min, h_max = (min(hs), max(hs)) if hs else (0.0, 0.0)
     u = np.exp(logp) * (logp + ent)
-    if cfg.entropy_change == "sequence_mean":
+    if cfg.settings.entropy_change == "sequence_mean":
         kk = np.zeros((B, L))
         for b in range(B):
             ts = [t for t in range(L) if mask[b, t]]
@@ -68,17 +68,21 @@ def dynamo_modulation(logp, old_logp, ent, adv, mask, k, cfg):
         xi = (r * a) if i_clip else 0.0
         xi_abs[b, t] = abs(-xi * (u[b, t] - kk[b, t]))
     xi_max = max((xi_abs[b, t] for b, t in valid), default=0.0)
-    a_c, a_s = cfg.alpha_comp, cfg.alpha_stab
+    s = cfg.settings  # the dynamo variant's own keys; alpha_comp / alpha_stab None: tied to alpha
+    a_c = s.alpha if s.alpha_comp is None else s.alpha_comp
+    a_s = s.alpha if s.alpha_stab is None else s.alpha_stab
     lam_min = 1 - a_s
     bc, bs, ahat = np.zeros((B, L)), np.zeros((B, L)), np.zeros((B, L))
     for b, t in valid:
         a = adv[b, t]
         bc[b, t] = 1 + a_c * (h_max - ent[b, t]) / (h_max - h_min + 1e-8) if a > 0 else 1.0
         x = xi_abs[b, t] / (xi_max + 1e-8)
-        bs[b, t] = lam_min + (1 - lam_min) * _sigmoid(-cfg.gamma * (x - cfg.ums_tau))
-        if not cfg.enable_gc:
+        bs[b, t] = lam_min + (1 - lam_min) * _sigmoid(
+            -cfg.settings.gamma * (x - cfg.settings.ums_tau)
+        )
+        if not cfg.settings.enable_gc:
             bc[b, t] = 1.0
-        if not cfg.enable_ums:
+        if not cfg.settings.enable_ums:
             bs[b, t] = 1.0
         ahat[b, t] = a * bc[b, t] * bs[b, t]
     return ahat, bc, bs
@@ -158,14 +162,16 @@ def policy_loss(inp: dict, cfg):
         k = None if inp.get("k") is None else np.asarray(inp["k"], np.float64)
         ahat, _, _ = dynamo_modulation(logp, old, ent, adv, mask, k, cfg)
     elif cfg.variant == "entropy_adv":
-        ahat = adv + np.minimum(cfg.ent_adv_kappa1 * ent, np.abs(adv) / cfg.ent_adv_kappa2)
+        ahat = adv + np.minimum(
+            cfg.settings.ent_adv_kappa1 * ent, np.abs(adv) / cfg.settings.ent_adv_kappa2
+        )
     per_tok = np.zeros((B, L))
     for b in range(B):
         for t in range(L):
             if mask[b, t]:
                 per_tok[b, t] = _clipped(ahat[b, t], r[b, t], cfg)
     if cfg.variant == "fork_tokens":
-        thr = np.quantile(ent[mask], 1 - cfg.fork_top_ratio) if n_tok else np.inf
+        thr = np.quantile(ent[mask], 1 - cfg.settings.fork_top_ratio) if n_tok else np.inf
         per_tok = np.where(ent >= thr, per_tok, 0.0)
     elif cfg.variant == "clip_cov":
         cov = _covariance(logp, adv, mask)
@@ -174,8 +180,8 @@ def policy_loss(inp: dict, cfg):
               for t in range(L)] for b in range(B)]
         )  # fmt: skip
         cand = [(b, t) for b in range(B) for t in range(L)
-                if mask[b, t] and not clipped[b, t] and cfg.clip_cov_lb < cov[b, t] < cfg.clip_cov_ub]  # fmt: skip
-        clip_num = max(int(cfg.clip_cov_ratio * n_tok), 1)
+                if mask[b, t] and not clipped[b, t] and cfg.settings.clip_cov_lb < cov[b, t] < cfg.settings.clip_cov_ub]  # fmt: skip
+        clip_num = max(int(cfg.settings.clip_cov_ratio * n_tok), 1)
         noise = np.asarray(inp["noise"], np.float64)
         for b, t in sorted(cand, key=lambda bt: noise[bt])[:clip_num]:
             per_tok[b, t] = 0.0
@@ -183,16 +189,16 @@ def policy_loss(inp: dict, cfg):
         cov = _covariance(logp, adv, mask)
         per_tok = np.where(mask, -adv * r, 0.0)
         valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
-        k_num = max(int(cfg.kl_cov_ratio * n_tok), 1)
+        k_num = max(int(cfg.settings.kl_cov_ratio * n_tok), 1)
         noise = np.asarray(inp["noise"], np.float64)  # ties at the cut: smallest noise first
         for b, t in sorted(valid, key=lambda bt: (-cov[bt], noise[bt]))[:k_num]:
-            per_tok[b, t] += cfg.kl_cov_coef * abs(log_r[b, t])
+            per_tok[b, t] += cfg.settings.kl_cov_coef * abs(log_r[b, t])
     if inp.get("is_weight") is not None:  # rollout correction: each token's loss reweighted
         per_tok = per_tok * np.asarray(inp["is_weight"], np.float64)
     groups = (inp.get("group"), inp.get("group_size"))
     loss = _aggregate(per_tok, mask, cfg, groups)
     if cfg.variant == "entropy_loss":
-        loss -= cfg.entropy_coef * _aggregate(ent, mask, cfg, groups)
+        loss -= cfg.settings.entropy_coef * _aggregate(ent, mask, cfg, groups)
     if cfg.kl != "none":
         k1 = logp - np.asarray(inp["ref_logp"], np.float64)
         kl = k1 if cfg.kl == "k1" else np.exp(-k1) + k1 - 1

@@ -1,4 +1,4 @@
-"""AllocationConfig validation: each bad field is rejected by name."""
+"""AllocationConfig validation: each bad field is rejected by name; a policy owns its keys."""
 
 import pytest
 
@@ -21,14 +21,17 @@ def test_defaults_are_valid():
         ({"g_min": 4, "n_avg": 3}, "n_avg"),
         ({"n_avg": 9, "g_max": 8}, "n_avg"),
         ({"n_avg": 8.0}, "n_avg"),
-        ({"min_history": 1}, "min_history"),
+        ({"policy": "dynamo", "min_history": 1}, "min_history"),
         ({"decay": 0.0}, "decay"),
         ({"decay": 1.5}, "decay"),
-        ({"e3_curriculum_step": 0}, "e3_curriculum_step"),
-        ({"released_priority_floor": 0.0}, "released_priority_floor"),
-        ({"released_mastered_acc": 1.2}, "released_mastered_acc"),
-        ({"released_explore_rollouts": 0}, "released_explore_rollouts"),
-        ({"released_explore_below": 2.5}, "released_explore_below"),
+        ({"policy": "e3", "e3_curriculum_step": 0}, "e3_curriculum_step"),
+        ({"policy": "dynamo_released", "released_priority_floor": 0.0}, "released_priority_floor"),
+        ({"policy": "dynamo_released", "released_mastered_acc": 1.2}, "released_mastered_acc"),
+        (
+            {"policy": "dynamo_released", "released_explore_rollouts": 0},
+            "released_explore_rollouts",
+        ),
+        ({"policy": "dynamo_released", "released_explore_below": 2.5}, "released_explore_below"),
         ({"policy": "dynamo", "allocate_by": "sigma"}, "allocate_by"),
         ({"policy": "dynamo", "priority": "bayes"}, "priority"),
         ({"policy": "dynamo", "prior_a": 0.0}, "prior_a"),
@@ -39,16 +42,21 @@ def test_defaults_are_valid():
         ({"policy": "uniform", "allocate_by": "std"}, "allocate_by"),
         ({"policy": "dynamo_as_run", "priority": "posterior"}, "priority"),
         ({"policy": "e3", "entropy_factor": True}, "entropy_factor"),
-        ({"as_run_explore_to": -1}, "as_run_explore_to"),
-        ({"as_run_min_history": 1}, "as_run_min_history"),
-        ({"as_run_tie_break": -1e-6}, "as_run_tie_break"),
-        ({"as_run_tie_break": float("nan")}, "as_run_tie_break"),
+        # a policy's own key, set under another policy (it would be silently ignored)
+        ({"min_history": 3}, "min_history: a setting of allocation policy 'dynamo' only"),
+        ({"policy": "dynamo_as_run", "released_mastered_acc": 0.9}, "released_mastered_acc"),
+        ({"policy": "dynamo_as_run", "as_run_priority_floor": 0.0}, "as_run_priority_floor"),
+        ({"policy": "dynamo_as_run", "as_run_mastered_acc": 1.2}, "as_run_mastered_acc"),
+        ({"policy": "dynamo_as_run", "as_run_explore_to": -1}, "as_run_explore_to"),
+        ({"policy": "dynamo_as_run", "as_run_min_history": 1}, "as_run_min_history"),
+        ({"policy": "dynamo_as_run", "as_run_tie_break": -1e-6}, "as_run_tie_break"),
+        ({"policy": "dynamo_as_run", "as_run_tie_break": float("nan")}, "as_run_tie_break"),
         # the authors' counts are cumulative over the run
         ({"policy": "dynamo_as_run", "decay": 0.9}, "decay"),
     ],
 )
 def test_allocation_config_rejects(kwargs, field):
-    with pytest.raises(ValueError, match=f"AllocationConfig.{field}"):
+    with pytest.raises(ValueError, match=f"AllocationConfig.{field}"):  # noqa: RUF043
         AllocationConfig(**kwargs)
 
 
@@ -62,26 +70,24 @@ def test_g_min_two_needed_with_std_normalisation():
 
 def test_one_record_per_policy_and_every_key_belongs_to_one():
     """The policies are listed once (allocation/registry.py); each policy's settings record is
-    built from AllocationConfig's flat keys, and every key is shared or some policy's own."""
+    built from AllocationConfig's flat keys, and every key is shared or one policy's own."""
     import dataclasses
 
-    from dynamo_jax.allocation import config, registry, settings
+    from dynamo_jax.allocation import registry, settings
+    from dynamo_jax.config import section_fields
 
-    assert config.POLICIES == tuple(registry.POLICIES) == registry.names()
-    keys = {f.name for f in dataclasses.fields(AllocationConfig)}
-    owned = set()
-    for name, policy in registry.POLICIES.items():
-        assert policy.name == name
+    keys = set(section_fields("allocation"))
+    owned: list[str] = []
+    for policy in registry.POLICIES.specs():
         record = policy.settings
         assert issubclass(record, settings.PolicySettings) and record.__dataclass_params__.frozen
-        assert set(record.KEYS) == {f.name for f in dataclasses.fields(record)}
-        assert set(record.KEYS.values()) <= keys
-        owned |= set(record.KEYS.values())
-        cfg = AllocationConfig(policy=name)
+        owned += [f.name for f in dataclasses.fields(record)]
+        cfg = AllocationConfig(policy=policy.name)
         assert type(cfg.settings) is record
         assert type(policy.allocator(cfg)).__name__.endswith("Allocator")
-    assert keys - owned == {"policy", "n_avg", "g_min", "g_max", "decay"}
-    got = AllocationConfig(policy="dynamo_as_run", as_run_tie_break=0.5, released_mastered_acc=0.9)
-    assert (got.settings.tie_break, got.settings.mastered_acc) == (0.5, 0.9)
+    assert len(owned) == len(set(owned)) and set(owned) <= keys  # each key has one owner
+    assert keys - set(owned) == {"policy", "n_avg", "g_min", "g_max", "decay"}
+    got = AllocationConfig(policy="dynamo_as_run", as_run_tie_break=0.5, as_run_mastered_acc=0.9)
+    assert (got.settings.as_run_tie_break, got.settings.as_run_mastered_acc) == (0.5, 0.9)
     with pytest.raises(ValueError, match="unknown allocation policy 'x'"):
         registry.get("x")

@@ -5,6 +5,7 @@ permutation invariance, DynaMO monotonicity) for every policy and option, plus D
 allocation options) and DynaMO-as-run against scalar references."""
 
 import copy
+import dataclasses
 import math
 from fractions import Fraction
 
@@ -15,7 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamo_jax.allocation import AllocationConfig, PromptHistory, make_allocator, make_history
+from dynamo_jax.allocation.policies import AllocationResult
 from dynamo_jax.allocation.priorities import e3_bounds, e3_difficulty_rank
+from dynamo_jax.allocation.registry import AllocationPolicy, register, unregister
+from dynamo_jax.allocation.settings import PolicySettings
+from dynamo_jax.allocation.water_level import bounded_split, water_fill
 
 POLICIES = ["uniform", "dynamo", "dynamo_as_run", "dynamo_released", "e3"]
 # Every policy, plus DynaMO's allocation options together, for the property test (each option alone
@@ -307,7 +312,7 @@ def scenarios(draw, policy, options=None):
         n_avg=n_avg,
         g_min=g_min,
         g_max=g_max,
-        min_history=draw(st.integers(2, 4)),
+        **({"min_history": draw(st.integers(2, 4))} if policy == "dynamo" else {}),
         **options,
     )
     h = make_history(cfg, NUM_PROMPTS)
@@ -336,7 +341,7 @@ def scenarios(draw, policy, options=None):
 def _bounds(cfg, h):
     if cfg.policy == "e3":
         return e3_bounds(
-            h.epochs_completed, cfg.n_avg, cfg.g_min, cfg.g_max, cfg.e3_curriculum_step
+            h.epochs_completed, cfg.n_avg, cfg.g_min, cfg.g_max, cfg.settings.e3_curriculum_step
         )
     return cfg.g_min, cfg.g_max
 
@@ -373,32 +378,32 @@ def ref_weights(gen, cor, entropy, cfg):
     Exact rationals for the paper's rule (and the posterior, whose dyadic priors keep float
     arithmetic exact); float64 once a square root or the entropy factor enters, with the same
     elementary operations as any float64 code would use (so the same rounding)."""
-    if cfg.priority == "unbiased":
+    if cfg.settings.priority == "unbiased":
         p = [
             Fraction(int(k) * int(g - k), int(g) * int(g - 1)) if g > 1 else Fraction(0)
             for g, k in zip(gen, cor)
         ]
     else:
-        a, b = Fraction(cfg.prior_a), Fraction(cfg.prior_b)
+        a, b = Fraction(cfg.settings.prior_a), Fraction(cfg.settings.prior_b)
         p = [
             (k + a) * (g - k + b) / ((g + a + b) * (g + a + b + 1))
             for g, k in ((Fraction(g), Fraction(k)) for g, k in zip(gen, cor))
         ]
-    if not cfg.entropy_factor and cfg.allocate_by == "variance":
+    if not cfg.settings.entropy_factor and cfg.settings.allocate_by == "variance":
         return p
     sigma2 = [float(x) for x in p]
-    if cfg.entropy_factor:
+    if cfg.settings.entropy_factor:
         f = [math.sqrt(-np.expm1(-h)) if not math.isnan(h) else None for h in entropy]
         known = [x for x in f if x is not None]
         mean = math.fsum(known) / len(known) if known else 1.0
         sigma2 = [s * ((mean if x is None else x) ** 2) for s, x in zip(sigma2, f)]
-    return sigma2 if cfg.allocate_by == "variance" else [math.sqrt(s) for s in sigma2]
+    return sigma2 if cfg.settings.allocate_by == "variance" else [math.sqrt(s) for s in sigma2]
 
 
 def ref_dynamo(gen, cor, keys, budget, cfg, entropy=None):
     """docs/algorithm.md#water-level-allocation (and the variants' weights) with exact rationals, one prompt at a time."""
     size, lo, hi = len(keys), cfg.g_min, cfg.g_max
-    scarce = [g < cfg.min_history for g in gen]
+    scarce = [g < cfg.settings.min_history for g in gen]
     w = ref_weights(gen, cor, entropy or [math.nan] * size, cfg)
     p = [Fraction(0) if s else Fraction(x) for s, x in zip(scarce, w)]
     if budget > size * hi:
@@ -435,7 +440,7 @@ def test_dynamo_matches_reference_and_is_monotone_in_priority(data):
     assert r.n.tolist() == ref_dynamo(gen.tolist(), cor.tolist(), indices.tolist(), budget, cfg)
     size = indices.size
     if size * cfg.g_min <= budget <= size * cfg.g_max:
-        with_history = gen >= cfg.min_history
+        with_history = gen >= cfg.settings.min_history
         p = (cor * (gen - cor) / np.maximum(gen * (gen - 1), 1))[with_history]
         n = r.n[with_history]
         # P_a > P_b must imply n_a >= n_b for every pair of prompts with history.
@@ -467,7 +472,7 @@ def test_dynamo_options_match_reference_and_are_monotone_in_weight(data):
     size = indices.size
     if size * cfg.g_min <= budget <= size * cfg.g_max:
         w = np.array([float(x) for x in ref_weights(gen, cor, ent, cfg)])
-        keep = np.asarray(gen) >= cfg.min_history
+        keep = np.asarray(gen) >= cfg.settings.min_history
         w, n = w[keep], r.n[keep]
         assert not ((w[:, None] > w[None, :]) & (n[:, None] < n[None, :])).any()
 
@@ -477,7 +482,7 @@ def ref_as_run(gen, cor, keys, budget, cfg):
     split of `get_rollout_n_per_prompt`, inside the shared budget contract."""
     size, lo, hi = len(keys), cfg.g_min, cfg.g_max
     prio = [float(ref_as_run_priority(int(g), int(k))) for g, k in zip(gen, cor)]
-    b = max(lo, cfg.as_run_explore_to)
+    b = max(lo, cfg.settings.as_run_explore_to)
     if budget > size * hi:
         return [hi] * size
     if budget < size * lo:
@@ -486,7 +491,9 @@ def ref_as_run(gen, cor, keys, budget, cfg):
         for i in first[: budget % size]:
             n[i] += 1
         return n
-    return ref_as_run_fill(list(gen), prio, list(keys), budget, lo, hi, cfg.as_run_explore_to)
+    return ref_as_run_fill(
+        list(gen), prio, list(keys), budget, lo, hi, cfg.settings.as_run_explore_to
+    )
 
 
 @settings(deadline=None, max_examples=150)
@@ -496,3 +503,67 @@ def test_dynamo_as_run_matches_reference(data):
     r = make_allocator(cfg).allocate(indices, h, budget)
     gen, cor = h.total_generated[indices].tolist(), h.correct[indices].tolist()
     assert r.n.tolist() == ref_as_run(gen, cor, indices.tolist(), budget, cfg)
+
+
+# ---------------------------------------------------------------- a toy policy from outside
+# docs/design.md#adding-an-allocation-policy: a settings record with its own key, an allocator
+# class that reuses `bounded_split`, and one `register(...)`; nothing in the package changes.
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyEvenSettings(PolicySettings):
+    """Even prompt indices weigh `toy_even_weight`, odd ones 1."""
+
+    toy_even_weight: float = 2.0
+
+    def __post_init__(self):
+        self._require(self.toy_even_weight > 0, "toy_even_weight", "must be > 0")
+
+
+class ToyEvenAllocator:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def allocate(self, indices, history, budget):
+        cfg, idx = self.cfg, np.asarray(indices)
+        weight = np.where(idx % 2 == 0, cfg.settings.toy_even_weight, 1.0)
+
+        def fill(pos, sub_budget):
+            return water_fill(weight[pos], idx[pos], sub_budget, cfg.g_min, cfg.g_max)
+
+        order = np.argsort(idx, kind="stable")
+        n, short, _ = bounded_split(budget, idx, cfg.g_min, cfg.g_max, fill, order)
+        return AllocationResult(n=n, shortfall=int(short), diagnostics={})
+
+    def on_epoch_end(self, history):
+        history.end_epoch()
+
+
+@pytest.fixture
+def toy_policy():
+    policy = register(
+        AllocationPolicy("toy_even", "a test-only toy", ToyEvenSettings, ToyEvenAllocator)
+    )
+    yield policy
+    unregister("toy_even")
+
+
+def test_a_toy_policy_registered_from_outside_runs_from_a_run_config(toy_policy):
+    from configs import tiny
+    from dynamo_jax.config import from_config_dict
+    from dynamo_jax.errors import ConfigError
+
+    config = tiny.get_config("method=grpo").to_dict()
+    config["allocation"].update(policy="toy_even", toy_even_weight=3.0, g_min=2, g_max=8)
+    run = from_config_dict(config)
+    assert run.allocation.settings == ToyEvenSettings(3.0)
+    # By hand: 4 prompts start at g_min = 2 (8 of 24); the other 16 are poured by weight 3:1:3:1
+    # (Σ 8): ⌊16·3/8⌋ = 6 and ⌊16·1/8⌋ = 2, so n = [8, 4, 8, 4].
+    allocator = make_allocator(run.allocation)
+    result = allocator.allocate(np.arange(4), PromptHistory(4), 24)
+    assert result.n.tolist() == [8, 4, 8, 4] and result.shortfall == 0
+    config["allocation"]["toy_even_weight"] = 0.0
+    with pytest.raises(ConfigError, match="AllocationConfig.toy_even_weight: must be > 0"):
+        from_config_dict(config)
+    with pytest.raises(ValueError, match="a setting of allocation policy 'toy_even' only"):
+        AllocationConfig(policy="uniform", toy_even_weight=3.0)

@@ -26,7 +26,7 @@ from dynamo_jax.errors import ExitCode
 from dynamo_jax.reporting.metrics import read_metrics
 
 ARGS = (*LAUNCH_ARGS, "--config.train.steps=6", "--config.checkpoint.every_steps=2",
-        "--config.checkpoint.max_to_keep=3", "--config.temperature.total_steps=6")  # fmt: skip
+        "--config.checkpoint.max_to_keep=3")  # fmt: skip
 # One simulated device: no "mesh uses 1 of 8 devices" warning among the lines counted.
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 

@@ -17,7 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_renames():
-    assert RENAMED == {"loss.baseline": "loss.variant", "loss.tau": "loss.ums_tau"}
+    assert RENAMED == {
+        "loss.baseline": "loss.variant",
+        "loss.tau": "loss.ums_tau",
+        "loss.comp_alpha": "loss.alpha_comp",
+        "loss.stab_alpha": "loss.alpha_stab",
+    }
 
 
 @pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
@@ -37,6 +42,11 @@ def test_an_old_key_in_a_section_names_the_new_one(old, new):
          "error: --config.loss.baseline: this key was renamed; use --config.loss.variant"),
         ("--config.loss.tau=0.5",
          "error: --config.loss.tau: this key was renamed; use --config.loss.ums_tau"),
+        ("--config.loss.comp_alpha=0.2",
+         "error: --config.loss.comp_alpha: this key was renamed; use --config.loss.alpha_comp"),
+        ("--config.temperature.total_steps=6",
+         "error: --config.temperature.total_steps: this key is derived from --config.train.steps; "
+         "remove it"),
     ],
 )  # fmt: skip
 def test_launch_refuses_an_old_override_in_one_line(tmp_path, override, line):
@@ -66,7 +76,8 @@ def test_a_checkpoint_saved_under_the_old_names_resumes_unchanged():
     saved = json.loads(json.dumps(to_json_dict(cfg)))
     saved["loss"]["baseline"] = saved["loss"].pop("variant")
     saved["loss"]["tau"] = saved["loss"].pop("ums_tau")
+    saved["loss"]["comp_alpha"] = saved["loss"].pop("alpha_comp")
     assert run_dir.config_differences(saved, to_json_dict(cfg)) == ([], [])
     saved["loss"]["tau"] = 0.5  # a real change is still reported, under the new name
     blocking, other = run_dir.config_differences(saved, to_json_dict(cfg))
-    assert blocking == [] and other == [f"loss.ums_tau 0.5 → {cfg.loss.ums_tau}"]
+    assert blocking == [] and other == [f"loss.ums_tau 0.5 → {cfg.loss.settings.ums_tau}"]

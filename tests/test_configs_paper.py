@@ -183,7 +183,7 @@ def test_allocation_switch_picks_any_known_policy():
 
 def test_the_7b_modulation_is_the_authors_7b_script():
     run = _load("dynamo_qwen25_math_7b")
-    assert (run.loss.alpha_comp, run.loss.alpha_stab, run.loss.gamma, run.loss.ums_tau) == (
+    assert (*run.loss.settings.alphas(), run.loss.settings.gamma, run.loss.settings.ums_tau) == (
         0.2,
         0.4,
         50.0,
@@ -191,9 +191,10 @@ def test_the_7b_modulation_is_the_authors_7b_script():
     )
     for name in ("dynamo_qwen25_math_1p5b", "dynamo_qwen3_14b"):
         loss = _load(name).loss
-        assert (loss.alpha_comp, loss.alpha_stab, loss.gamma, loss.ums_tau) == (0.4, 0.4, 50.0, 0.9)
+        s = loss.settings
+        assert (*s.alphas(), s.gamma, s.ums_tau) == (0.4, 0.4, 50.0, 0.9)
     # Baselines keep their own published presets on the 7B too.
-    assert _load("dynamo_qwen25_math_7b", "baseline=grpo").loss.ums_tau == 0.9
+    assert _load("dynamo_qwen25_math_7b", "baseline=grpo").loss.flat()["ums_tau"] == 0.9
 
 
 @pytest.mark.parametrize("name,preset,devices,lr", E3)
@@ -209,12 +210,14 @@ def test_e3_configs_hold_the_papers_training_details(name, preset, devices, lr):
     # Curriculum: [8, 8] in epoch 1, G_max += 2 and G_min -= 2 per epoch: [6, 10], then [4, 12].
     a = run.allocation
     assert a.policy == "e3"
-    bounds = [e3_bounds(e, a.n_avg, a.g_min, a.g_max, a.e3_curriculum_step) for e in range(4)]
+    bounds = [
+        e3_bounds(e, a.n_avg, a.g_min, a.g_max, a.settings.e3_curriculum_step) for e in range(4)
+    ]
     assert bounds == [(8, 8), (6, 10), (4, 12), (4, 12)]
     # Temperature: from τ = 1, entropy held; annealing from ⌊0.6 · 480⌋ = 288 with η = 0.9.
     t = run.temperature
-    assert (t.mode, t.initial, t.anneal, t.eta) == ("e3", 1.0, True, 0.9)
-    assert (t.total_steps, t.anneal_start_step) == (480, 288)
+    assert (t.mode, t.initial, t.settings.anneal, t.settings.eta) == ("e3", 1.0, True, 0.9)
+    assert (t.total_steps, t.settings.anneal_start_step(t.total_steps)) == (480, 288)
     assert t.vocab_size == run.model.vocab_size
     # Responses ≤ 6,144 tokens; prompts ≤ 2,048, longer ones dropped as the scripts do.
     assert (run.rollout.max_new_tokens, run.data.max_prompt_tokens) == (6144, 2048)

@@ -7,7 +7,6 @@ labelled as DynaMO's or E3's cites an equation number."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import re
@@ -188,7 +187,8 @@ def test_algorithm_keeps_the_headings_others_extend():
 # - a dotted name `a.b[.c...]` of identifiers whose last part is not a file suffix
 #   (`config.json`, `metrics.jsonl`, `model.safetensors`):
 #   - `section.field` where `section` is a config section (`dynamo_jax.config.SECTIONS`) and
-#     `field` one of its dataclass's init fields: a config key, complete as it is;
+#     `field` one of its keys (`dynamo_jax.config.section_fields`: its dataclass's init fields, or
+#     for the loss section also every loss variant's own keys): a config key, complete as it is;
 #   - otherwise, when `a` is `dynamo_jax`, a module of the package by its last name (`rl_step`,
 #     `losses`, `planner`) or a class the package defines (`RunConfig`, `RowLayout`): a code
 #     name, which must import and resolve attribute by attribute (a dataclass field or an
@@ -290,7 +290,7 @@ def _project_file(root: Path, path: str) -> Path | None:
 def code_name_problems(root: Path, md_files: list[Path]) -> tuple[list[str], int]:
     """(one line per backticked project name in `md_files` that does not resolve; how many were
     checked). The rules are in the comment above."""
-    from dynamo_jax.config import SECTIONS
+    from dynamo_jax.config import SECTIONS, section_fields
 
     modules, classes = _modules(), _classes()
     top_dirs = {p.name for p in root.iterdir() if p.is_dir()} | set(modules)
@@ -330,7 +330,7 @@ def code_name_problems(root: Path, md_files: list[Path]) -> tuple[list[str], int
                 continue
             section = SECTIONS.get(parts[0])
             if section is not None and len(parts) == 2:
-                if parts[1] in {f.name for f in dataclasses.fields(section) if f.init}:
+                if parts[1] in section_fields(parts[0]):
                     checked += 1
                     continue
             if parts[0] in modules or parts[0] in classes:

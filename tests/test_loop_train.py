@@ -197,7 +197,6 @@ def test_kill_9_at_random_moments_then_resume_is_bit_identical(tmp_path, monkeyp
         ("closed", 0, 0.0),  # after the final save was committed
     ]
     args = [*LAUNCH_ARGS, f"--workdir={killed}", f"--config.train.steps={steps}",
-            f"--config.temperature.total_steps={steps}",
             f"--config.checkpoint.every_steps={every}"]  # fmt: skip
     landed = []
     for trial, (event, index, delay) in enumerate([*plan, (None, 0, 0.0)]):

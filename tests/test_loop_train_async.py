@@ -47,7 +47,6 @@ def _launch(workdir, steps, every, *extra):
         f"--config={ROOT / 'configs' / 'tiny.py'}:method=e3",
         f"--workdir={workdir}",
         f"--config.train.steps={steps}",
-        f"--config.temperature.total_steps={steps}",
         f"--config.checkpoint.every_steps={every}",
         "--config.checkpoint.max_to_keep=2",
         "--config.logging.progress_bar=False",

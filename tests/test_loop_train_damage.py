@@ -117,7 +117,7 @@ def test_a_kill_between_a_save_and_its_pruning_leaves_the_bound_restored(tmp_pat
     save, deletes the oldest and ends with the bound."""
     workdir = tmp_path / "w"
     args = [*LAUNCH_ARGS, f"--workdir={workdir}", "--config.train.steps=6",
-            "--config.temperature.total_steps=6", "--config.checkpoint.every_steps=2"]  # fmt: skip
+            "--config.checkpoint.every_steps=2"]  # fmt: skip
     timeline = tmp_path / "t.jsonl"
     cmd = [sys.executable, str(ROOT / "tests" / "kill_worker.py"), str(timeline), "committed:6:0"]
     proc = subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -32,8 +32,7 @@ from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import abstract_train_state, train_state_shardings
 
 STEPS, SAVED = 4, 2
-ARGS = (*LAUNCH_ARGS, f"--config.train.steps={STEPS}", f"--config.checkpoint.every_steps={SAVED}",
-        f"--config.temperature.total_steps={STEPS}")  # fmt: skip
+ARGS = (*LAUNCH_ARGS, f"--config.train.steps={STEPS}", f"--config.checkpoint.every_steps={SAVED}")  # fmt: skip
 FSDP8, TENSOR4 = (8, (1, 8, 1)), (4, (1, 1, 4))  # (devices, mesh.shape as (data, fsdp, tensor))
 # Values a float reduction order can move (the trainer's statistics, and the engine-vs-trainer
 # log-prob gap, itself rounding noise of ~1e-7); every other metric (rewards, allocation,

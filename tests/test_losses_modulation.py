@@ -92,7 +92,7 @@ def test_alpha_zero_is_exactly_grpo(seed, mode):
 def test_modulated_advantages_match_reference(mode):
     inp = ref.random_token_inputs(np.random.default_rng(21), B=10, L=12, ratio_noise=0.15)
     cfg = LossConfig.preset(
-        "dynamo", entropy_change=mode, comp_alpha=0.2, stab_alpha=0.4, ums_tau=0.5
+        "dynamo", entropy_change=mode, alpha_comp=0.2, alpha_stab=0.4, ums_tau=0.5
     )
     batch = _to_batch(inp)
     stats = minibatch_stats(batch, cfg)

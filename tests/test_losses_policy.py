@@ -51,7 +51,7 @@ def assert_close(actual, expected, rtol=RTOL, atol=1e-7):
 def cfg_for(baseline, agg="token-mean", **kw):
     extra = dict(max_len_norm=12) if agg == "seq-mean-token-sum-norm" else {}
     if baseline in ("clip_cov", "kl_cov"):  # pick several tokens on a tiny batch
-        extra.update(clip_cov_ratio=0.1, kl_cov_ratio=0.1)
+        extra[f"{baseline}_ratio"] = 0.1
     return LossConfig.preset(baseline, loss_agg_mode=agg, **extra, **kw)
 
 
@@ -78,7 +78,7 @@ def test_every_baseline_and_mode_matches_reference(inputs, baseline, agg):
         dict(entropy_change="sequence_mean"),
         dict(enable_gc=False),
         dict(enable_ums=False),
-        dict(alpha=0.3, comp_alpha=0.2, stab_alpha=0.4, ums_tau=0.99, dual_clip=None),
+        dict(alpha=0.3, alpha_comp=0.2, alpha_stab=0.4, ums_tau=0.99, dual_clip=None),
         dict(kl="k3", kl_coef=0.05),
         dict(kl="k1", kl_coef=0.05, loss_agg_mode="seq-mean-token-mean"),
         dict(loss_agg_mode="prompt-mean", enable_gc=False),
@@ -338,7 +338,9 @@ LAYOUT_CONFIGS = (
 @pytest.mark.parametrize(
     "cfg",
     LAYOUT_CONFIGS,
-    ids=lambda c: f"{c.variant}-{c.loss_agg_mode}-{c.entropy_change}-{c.kl}",
+    ids=lambda c: (
+        f"{c.variant}-{c.loss_agg_mode}-{getattr(c.settings, 'entropy_change', '-')}-{c.kl}"
+    ),
 )
 def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
     """docs/algorithm.md#packed-sequences: the same sequences packed several to a row (segment ids) or one per

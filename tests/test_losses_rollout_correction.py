@@ -100,7 +100,7 @@ def loss_and_grad(batch, cfg):
 
 
 def variant_cfg(baseline):
-    extra = dict(clip_cov_ratio=0.1, kl_cov_ratio=0.1) if baseline in ("clip_cov", "kl_cov") else {}
+    extra = {f"{baseline}_ratio": 0.1} if baseline in ("clip_cov", "kl_cov") else {}
     return LossConfig.preset(baseline, **extra)
 
 

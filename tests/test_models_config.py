@@ -1,5 +1,7 @@
 """ModelConfig validation, HF config translation and preset parameter counts."""
 
+import dataclasses
+
 import jax
 import pytest
 import transformers
@@ -122,7 +124,7 @@ def test_from_hf_config_errors():
 def test_every_family_record_round_trips_its_config_json(name):
     """One record per family (models/families.py): its HF names and switches reach config.json
     and come back; transformers knows its architecture."""
-    family = families.FAMILIES[name]
+    family = families.get(name)
     cfg = get_preset("tiny-qwen3").replace(family=name, qkv_bias=None, qk_norm=None)
     assert (cfg.qkv_bias, cfg.qk_norm) == (family.qkv_bias, family.qk_norm)
     hf = cfg.to_hf_config()
@@ -131,3 +133,45 @@ def test_every_family_record_round_trips_its_config_json(name):
     back = ModelConfig.from_hf_config(hf)
     for field in ("family", "qkv_bias", "qk_norm", "head_dim", "num_kv_heads", "rope_theta"):
         assert getattr(back, field) == getattr(cfg, field), field
+
+
+def test_a_toy_family_registered_from_outside_round_trips(tmp_path):
+    """docs/design.md#adding-a-model-family: a family is one registered record. A toy one (Qwen3's
+    layout with q/k/v biases on by default and a config.json key of its own) registered from this
+    test builds configs, and its checkpoint goes to safetensors and back unchanged."""
+    import numpy as np
+
+    from dynamo_jax.models import hf_io
+    from dynamo_jax.models.qwen import init_params
+
+    def read(hf):
+        if hf.get("toy_marker") is not True:
+            raise ValueError("config.json lacks toy_marker")
+        return {"qkv_bias": bool(hf["attention_bias"])}
+
+    def write(cfg, hf):
+        hf.update(toy_marker=True, attention_bias=bool(cfg.qkv_bias))
+
+    families.register(
+        families.ModelFamily("toyfam", "Qwen3ForCausalLM", qkv_bias=True, qk_norm=True,
+                             read_hf=read, write_hf=write)
+    )  # fmt: skip
+    try:
+        cfg = get_preset("tiny-qwen3").replace(family="toyfam", qkv_bias=None, qk_norm=None)
+        assert (cfg.qkv_bias, cfg.qk_norm) == (True, True)  # the family's defaults
+        hf = cfg.to_hf_config()
+        assert (hf["model_type"], hf["toy_marker"]) == ("toyfam", True)
+        assert ModelConfig.from_hf_config(hf) == cfg
+        unbiased = cfg.replace(qkv_bias=False)  # read back by the family's own read_hf
+        assert ModelConfig.from_hf_config(unbiased.to_hf_config()) == unbiased
+        with pytest.raises(ValueError, match="lacks toy_marker"):
+            ModelConfig.from_hf_config({**hf, "toy_marker": False})
+        params = init_params(cfg, jax.random.key(0))
+        path = hf_io.save_hf_checkpoint(params, cfg, tmp_path / "toy")
+        cfg2, params2 = hf_io.load_hf_checkpoint(path)
+        assert cfg2 == cfg
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params, params2)
+    finally:
+        families.unregister("toyfam")
+    with pytest.raises(ValueError, match="ModelConfig.family must be one of"):
+        ModelConfig(**{**dataclasses.asdict(cfg), "family": "toyfam"})

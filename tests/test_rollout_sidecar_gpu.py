@@ -74,7 +74,6 @@ def _fleet(model, work: str, devices: list[str], **rollout):
     config = tiny.get_config()
     for key, value in dataclasses.asdict(model_cfg).items():
         config.model[key] = value
-    config.temperature.vocab_size = model_cfg.vocab_size
     config.init.checkpoint = str(ckpt)
     config.rollout.update(
         engine="vllm", sidecar_python=VLLM_PYTHON, vllm_dtype="float32", max_new_tokens=8,

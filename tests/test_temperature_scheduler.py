@@ -1,12 +1,13 @@
 """TemperatureScheduler: E3 Eq. 4 on a given entropy sequence, Eq. 5's cosine target, a closed
 loop where entropy responds to temperature like a softmax over fixed logits, and checkpointing."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from dynamo_jax.temperature import TemperatureConfig, TemperatureScheduler
+from dynamo_jax.temperature import TemperatureConfig, TemperatureScheduler, registry
 
 V = 512
 
@@ -142,3 +143,58 @@ def test_bad_updates_are_rejected():
             s.update(bad, 6)
     with pytest.raises(ValueError, match="missing \\['h_init'\\]"):
         s.load_state_dict({k: v for k, v in s.state_dict().items() if k != "h_init"})
+
+
+# A toy schedule, registered from this test only (docs/design.md#adding-a-temperature-schedule):
+# τ is multiplied by its own key `toy_factor` after every batch, within the clamp.
+TOY = "toy_geometric"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToySettings:
+    toy_factor: float = 0.5
+
+    def __post_init__(self):
+        if not 0 < self.toy_factor:
+            raise ValueError(f"TemperatureConfig.toy_factor must be > 0, got {self.toy_factor}")
+
+
+def _toy_next(s, mean_entropy, step):
+    cfg = s.cfg
+    tau = s.temperature * cfg.settings.toy_factor
+    return min(max(tau, cfg.temperature_min), cfg.temperature_max)
+
+
+@pytest.fixture
+def toy_schedule():
+    schedule = registry.register(
+        registry.TemperatureSchedule(
+            TOY, "a test-only toy", settings=ToySettings, next_temperature=_toy_next
+        )
+    )
+    yield schedule
+    registry.unregister(TOY)
+
+
+def test_a_toy_schedule_registered_from_outside_runs_with_its_own_key(toy_schedule):
+    from configs import tiny
+    from dynamo_jax.config import from_config_dict, section_fields
+    from dynamo_jax.errors import ConfigError
+
+    s = TemperatureScheduler(TemperatureConfig(mode=TOY, initial=1.6, toy_factor=0.25))
+    assert [s.update(1.0, t) for t in range(3)] == [0.4, 0.1, 0.1]  # 1.6/4, /4, clamped at 0.1
+    assert section_fields("temperature")["toy_factor"] == (0.5, float)
+    config = tiny.get_config("method=grpo").to_dict()
+    config["temperature"].update(mode=TOY, toy_factor=0.75)
+    run = from_config_dict(config)
+    assert run.temperature.settings == ToySettings(0.75)
+    assert not run.temperature.reads_entropy  # no log-prob pass is kept for it
+    config["temperature"]["toy_factor"] = -1.0
+    with pytest.raises(ConfigError, match="TemperatureConfig.toy_factor must be > 0"):
+        from_config_dict(config)
+    with pytest.raises(ValueError, match="a setting of temperature schedule 'toy_geometric'"):
+        TemperatureConfig(mode="fixed", toy_factor=0.75)
+    registry.unregister(TOY)
+    with pytest.raises(ValueError, match="TemperatureConfig.mode must be one of"):
+        TemperatureConfig(mode=TOY)
+    registry.register(toy_schedule)

@@ -226,8 +226,7 @@ def test_a_second_launch_on_a_running_workdir_exits_2_and_the_first_is_unchanged
 
     from dynamo_jax.reporting.metrics import read_metrics
 
-    args = (*LAUNCH_ARGS, "--config.train.steps=6", "--config.checkpoint.every_steps=2",
-            "--config.temperature.total_steps=6")  # fmt: skip
+    args = (*LAUNCH_ARGS, "--config.train.steps=6", "--config.checkpoint.every_steps=2")  # fmt: skip
     alone = launch(*args, f"--workdir={tmp_path / 'alone'}")
     assert alone.returncode == 0, alone.stderr[-3000:]
 
@@ -317,7 +316,7 @@ def test_a_workdir_vanished_mid_run_stops_it_in_one_line_within_a_step(tmp_path)
     worker = [sys.executable, str(ROOT / "tests" / "kill_worker.py"), str(timeline), "none"]
     proc = subprocess.Popen(
         [*worker, *LAUNCH_ARGS, "--config.train.steps=8", "--config.checkpoint.every_steps=2",
-         "--config.temperature.total_steps=8", f"--workdir={workdir}"],
+         f"--workdir={workdir}"],
         cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:

@@ -235,12 +235,12 @@ class AsRunDynamoAllocator:
         priority = as_run_priority(
             g,
             history.correct[idx],
-            s.min_history,
-            s.priority_floor,
-            s.mastered_acc,
-            s.tie_break,
+            s.as_run_min_history,
+            s.as_run_priority_floor,
+            s.as_run_mastered_acc,
+            s.as_run_tie_break,
         )
-        explore_to = max(cfg.g_min, s.explore_to)
+        explore_to = max(cfg.g_min, s.as_run_explore_to)
         exploring = g < explore_to
 
         def fill(pos, sub_budget):
@@ -274,8 +274,8 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
 
     def _fixed_and_priority(self, idx, history):
         cfg, s = self.cfg, self.cfg.settings  # ReleasedSettings
-        explore = history.total_generated[idx] < s.explore_below
-        target = int(np.clip(s.explore_rollouts, cfg.g_min, cfg.g_max))
+        explore = history.total_generated[idx] < s.released_explore_below
+        target = int(np.clip(s.released_explore_rollouts, cfg.g_min, cfg.g_max))
         return explore, np.where(explore, 0.0, history.released_priority[idx]), target, {}
 
     def on_epoch_end(self, history: PromptHistory) -> None:
@@ -283,8 +283,8 @@ class ReleasedDynamoAllocator(_PriorityWaterLevel):
             history.epoch_generated,
             history.epoch_above_mean,
             history.released_priority,
-            self.cfg.settings.priority_floor,
-            self.cfg.settings.mastered_acc,
+            self.cfg.settings.released_priority_floor,
+            self.cfg.settings.released_mastered_acc,
         )
         history.end_epoch()
 
@@ -313,7 +313,7 @@ class E3Allocator:
 
     def bounds(self, history: PromptHistory) -> tuple[int, int]:
         cfg = self.cfg
-        step = cfg.settings.curriculum_step  # E3Settings
+        step = cfg.settings.e3_curriculum_step  # E3Settings
         return e3_bounds(history.epochs_completed, cfg.n_avg, cfg.g_min, cfg.g_max, step)
 
     def allocate(

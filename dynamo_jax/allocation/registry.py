@@ -1,10 +1,11 @@
 """The allocation policies: one record each (name, settings record, allocator), in one table.
 
+`POLICIES` is a `dynamo_jax.registry.Registry` (the shape every extension point shares).
 `AllocationConfig.policy` names a record here; `AllocationConfig` builds the record's settings
-from its flat config keys (validation lives in the settings record, `allocation/settings.py`),
-and `make_allocator` builds the record's allocator. A new policy is one `AllocationPolicy` in
-`POLICIES` below: its settings record, its allocator class (taking the `AllocationConfig`), and
-its config keys added to `AllocationConfig` (docs/design.md says where).
+from its own flat config keys (the settings record's fields, with their defaults and checks,
+`allocation/settings.py`), and `make_allocator` builds the record's allocator. A new policy is
+one `register(AllocationPolicy(...))`: its settings record and its allocator class (taking the
+`AllocationConfig`) (docs/design.md says the rest).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dynamo_jax.allocation.settings import (
     ReleasedSettings,
     UniformSettings,
 )
+from dynamo_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,41 +36,42 @@ class AllocationPolicy:
     allocator: Callable[[Any], policies.Allocator]  # AllocationConfig → allocator
 
 
-POLICIES: dict[str, AllocationPolicy] = {
-    p.name: p
-    for p in (
-        AllocationPolicy(
-            "uniform",
-            "n_avg each (the GRPO baseline; DynaMO's 'DRA off' ablation)",
-            UniformSettings,
-            policies.UniformAllocator,
-        ),
-        AllocationPolicy(
-            "dynamo",
-            "DynaMO paper Alg. 1 water-level allocation, with its options",
-            DynamoSettings,
-            policies.DynamoAllocator,
-        ),
-        AllocationPolicy(
-            "dynamo_as_run",
-            "what the DynaMO authors' released script runs",
-            AsRunSettings,
-            policies.AsRunDynamoAllocator,
-        ),
-        AllocationPolicy(
-            "dynamo_released",
-            "the heuristic of the DynaMO recipe's own dataset class",
-            ReleasedSettings,
-            policies.ReleasedDynamoAllocator,
-        ),
-        AllocationPolicy(
-            "e3",
-            "E3 difficulty-rank allocation with the widening curriculum",
-            E3Settings,
-            policies.E3Allocator,
-        ),
-    )
-}
+# The config keys every policy shares (AllocationConfig's own fields).
+SHARED_KEYS = ("policy", "n_avg", "g_min", "g_max", "decay")
+POLICIES: Registry[AllocationPolicy] = Registry("allocation policy", shared=SHARED_KEYS)
+for _policy in (
+    AllocationPolicy(
+        "uniform",
+        "n_avg each (the GRPO baseline; DynaMO's 'DRA off' ablation)",
+        UniformSettings,
+        policies.UniformAllocator,
+    ),
+    AllocationPolicy(
+        "dynamo",
+        "DynaMO paper Alg. 1 water-level allocation, with its options",
+        DynamoSettings,
+        policies.DynamoAllocator,
+    ),
+    AllocationPolicy(
+        "dynamo_as_run",
+        "what the DynaMO authors' released script runs",
+        AsRunSettings,
+        policies.AsRunDynamoAllocator,
+    ),
+    AllocationPolicy(
+        "dynamo_released",
+        "the heuristic of the DynaMO recipe's own dataset class",
+        ReleasedSettings,
+        policies.ReleasedDynamoAllocator,
+    ),
+    AllocationPolicy(
+        "e3",
+        "E3 difficulty-rank allocation with the widening curriculum",
+        E3Settings,
+        policies.E3Allocator,
+    ),
+):
+    POLICIES.register(_policy)
 
 
 def make_allocator(cfg: Any) -> policies.Allocator:
@@ -76,12 +79,18 @@ def make_allocator(cfg: Any) -> policies.Allocator:
     return get(cfg.policy).allocator(cfg)
 
 
+def register(policy: AllocationPolicy, *, replace: bool = False) -> AllocationPolicy:
+    """Add `policy` to the table; a second policy under the same name is an error."""
+    return POLICIES.register(policy, replace=replace)
+
+
+def unregister(name: str) -> None:
+    POLICIES.unregister(name)
+
+
 def names() -> tuple[str, ...]:
-    return tuple(POLICIES)
+    return POLICIES.names()
 
 
 def get(name: str) -> AllocationPolicy:
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown allocation policy {name!r}; registered: {names()}") from None
+    return POLICIES.get(name)

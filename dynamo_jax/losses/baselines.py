@@ -50,14 +50,14 @@ def clipped_by_ppo(adv, r, clip_low, clip_high):
 def clip_cov_candidates(batch: TokenBatch, r, logp_mean, adv_mean, cfg):
     mask = as_mask(batch.mask)
     cov = token_covariance(batch.logp, batch.adv, logp_mean, adv_mean)
-    band = (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
+    band = (cov > cfg.settings.clip_cov_lb) & (cov < cfg.settings.clip_cov_ub)
     return mask & band & ~clipped_by_ppo(batch.adv, r, cfg.clip_low, cfg.clip_high)
 
 
 def clip_cov_threshold(batch: TokenBatch, r, logp_mean, adv_mean, n_tokens, cfg):
     """Noise cut: the clip_num-th smallest noise among the candidates (+inf if fewer)."""
     cand = clip_cov_candidates(batch, r, logp_mean, adv_mean, cfg)
-    clip_num = jnp.maximum(jnp.floor(cfg.clip_cov_ratio * n_tokens), 1.0).astype(jnp.int32)
+    clip_num = jnp.maximum(jnp.floor(cfg.settings.clip_cov_ratio * n_tokens), 1.0).astype(jnp.int32)
     return kth_smallest(require_noise(batch), cand, clip_num)
 
 
@@ -70,7 +70,7 @@ def kl_cov_cuts(batch: TokenBatch, logp_mean, adv_mean, n_tokens, cfg):
     """
     mask = as_mask(batch.mask)
     cov = token_covariance(batch.logp, batch.adv, logp_mean, adv_mean)
-    k_num = jnp.maximum(jnp.floor(cfg.kl_cov_ratio * n_tokens), 1.0).astype(jnp.int32)
+    k_num = jnp.maximum(jnp.floor(cfg.settings.kl_cov_ratio * n_tokens), 1.0).astype(jnp.int32)
     cut = -kth_smallest(-cov, mask, k_num)
     above = jnp.sum(mask & (cov > cut)).astype(jnp.int32)
     tie_cut = kth_smallest(require_noise(batch), mask & (cov == cut), k_num - above)

@@ -44,20 +44,21 @@ class ModStats(NamedTuple):
     """Reductions over the WHOLE optimizer mini-batch (all micro-batches, all devices).
 
     Under a jit over a mesh, the plain jnp reductions in `minibatch_stats` are already global.
-    `threshold` is variant-specific: the Fork-Tokens entropy quantile, Clip-Cov's noise cut,
-    or KL-Cov's covariance cut (0 otherwise).
+    The counts are every variant's; `own` holds the running variant's own statistics, by the
+    names its `statistics` function returns (DynaMO's H range and max Ξ, a baseline's threshold
+    or covariance means), read as attributes: `stats.h_min` is `stats.own["h_min"]`.
     """
 
     n_tokens: jax.Array  # valid tokens
     n_seqs: jax.Array  # sequences with at least one valid token
     seq_weight_sum: jax.Array  # Σ seq_weight over those sequences (prompt-mean's normaliser)
-    h_min: jax.Array
-    h_max: jax.Array
-    xi_max: jax.Array  # max Ξ_t (docs/algorithm.md#update-magnitude-stabilisation)
-    logp_mean: jax.Array  # mean log π over valid tokens (covariance baselines)
-    adv_mean: jax.Array  # mean A over valid tokens (covariance baselines)
-    threshold: jax.Array
-    tie_cut: jax.Array  # KL-Cov: noise cut among tokens tied at `threshold` (0 otherwise)
+    own: dict[str, jax.Array] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+
+    def __getattr__(self, name: str) -> jax.Array:
+        own = tuple.__getitem__(self, 3)
+        if name in own:
+            return own[name]
+        raise AttributeError(f"ModStats has no statistic {name!r} (the variant's: {sorted(own)})")
 
 
 def as_mask(mask) -> jax.Array:

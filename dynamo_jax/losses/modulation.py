@@ -44,7 +44,7 @@ def beta_stab(xi_abs, xi_max, alpha_s, gamma, tau):
 
 def _k_term(batch: TokenBatch, u, mask, cfg: LossConfig):
     """K_t: exact (from the vocab pass) or the authors' per-response mean of u (per segment)."""
-    if cfg.entropy_change == "exact":
+    if cfg.settings.entropy_change == "exact":
         if batch.k is None:
             raise ValueError(
                 "LossConfig.entropy_change='exact' needs TokenBatch.k (call the log-prob pass "
@@ -76,7 +76,7 @@ def modulation_stats(batch: TokenBatch, cfg: LossConfig):
     """(H_min, H_max, max Ξ) over the valid tokens of `batch` (global under a jit)."""
     mask = as_mask(batch.mask)
     ent = lax.stop_gradient(batch.ent)
-    xi_max = masked_max(entropy_change_abs(batch, cfg), mask) if cfg.enable_ums else 0.0
+    xi_max = masked_max(entropy_change_abs(batch, cfg), mask) if cfg.settings.enable_ums else 0.0
     return masked_min(ent, mask), masked_max(ent, mask), jnp.asarray(xi_max, jnp.float32)
 
 
@@ -84,12 +84,13 @@ def modulate(batch: TokenBatch, h_min, h_max, xi_max, cfg: LossConfig):
     """(Â, β_comp, β_stab) for every token; switches off GC/UMS per the ablation flags."""
     adv = batch.adv
     ones = jnp.ones_like(adv, dtype=jnp.float32)
+    alpha_comp, alpha_stab = cfg.settings.alphas()
     b_comp = ones
-    if cfg.enable_gc:
-        b_comp = beta_comp(adv, lax.stop_gradient(batch.ent), h_min, h_max, cfg.alpha_comp)
+    if cfg.settings.enable_gc:
+        b_comp = beta_comp(adv, lax.stop_gradient(batch.ent), h_min, h_max, alpha_comp)
     b_stab = ones
-    if cfg.enable_ums:
+    if cfg.settings.enable_ums:
         xi = entropy_change_abs(batch, cfg)
-        b_stab = beta_stab(xi, xi_max, cfg.alpha_stab, cfg.gamma, cfg.ums_tau)
+        b_stab = beta_stab(xi, xi_max, alpha_stab, cfg.settings.gamma, cfg.settings.ums_tau)
     adv_hat = lax.stop_gradient(adv * b_comp * b_stab)
     return adv_hat, b_comp, b_stab

@@ -34,25 +34,17 @@ def minibatch_stats(batch: TokenBatch, cfg: LossConfig) -> ModStats:
     mask = as_mask(batch.mask)
     n_tokens = jnp.sum(mask).astype(jnp.float32)
     n_seqs = count_sequences(mask, segments(batch))
-    zero = jnp.float32(0.0)
     # prompt-mean's normaliser: the mini-batch's sequences' weights (1 each when none are given,
     # so it is then n_seqs)
     if batch.seq_weight is None:
         seq_weight_sum = n_seqs
     else:
         seq_weight_sum = jnp.sum(segment_weights(mask, segments(batch), batch.seq_weight))
-    names = ModStats._fields[3:]  # after the counts: the variant-specific statistics
-    fields = dict.fromkeys(names, zero)
     variant = registry.get(cfg.variant)
-    if variant.statistics is not None:
-        extra = variant.statistics(batch, n_tokens, cfg)
-        unknown = set(extra) - set(fields)
-        if unknown:
-            raise ValueError(f"loss variant {cfg.variant!r}: unknown statistics {sorted(unknown)}")
-        fields.update(extra)
+    own = {} if variant.statistics is None else variant.statistics(batch, n_tokens, cfg)
     return ModStats(
         n_tokens=n_tokens,
         n_seqs=n_seqs,
         seq_weight_sum=jnp.asarray(seq_weight_sum, jnp.float32),
-        **{k: jnp.asarray(v, jnp.float32) for k, v in fields.items()},
+        own={k: jnp.asarray(v, jnp.float32) for k, v in own.items()},
     )

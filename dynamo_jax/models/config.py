@@ -13,7 +13,6 @@ from typing import Any
 from dynamo_jax import validate
 from dynamo_jax.models import families
 
-FAMILIES = families.names()
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = (
     "none",
@@ -65,8 +64,8 @@ class ModelConfig:
     attention_block_k: int = 512
 
     def __post_init__(self):
-        validate.one_of("ModelConfig", "family", self.family, FAMILIES)
-        family = families.FAMILIES[self.family]
+        validate.one_of("ModelConfig", "family", self.family, families.names())
+        family = families.get(self.family)
         for name in ("qkv_bias", "qk_norm"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(family, name))
@@ -133,11 +132,12 @@ class ModelConfig:
         `overrides` set the fields HF does not describe (dtype, scan_layers, remat_policy, ...).
         """
         model_type = hf.get("model_type")
-        family = families.FAMILIES.get(model_type) if isinstance(model_type, str) else None
-        if family is None:
+        if not (isinstance(model_type, str) and model_type in families.FAMILIES):
             raise ValueError(
-                f"unsupported model_type {model_type!r} in config.json; supported: {FAMILIES}"
+                f"unsupported model_type {model_type!r} in config.json; "
+                f"supported: {families.names()}"
             )
+        family = families.get(model_type)
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
             if key not in hf:
                 raise ValueError(f"config.json (model_type {model_type}) is missing {key!r}")
@@ -167,7 +167,7 @@ class ModelConfig:
 
     def to_hf_config(self, *, dtype: str | None = None) -> dict[str, Any]:
         """A `config.json` dict that transformers' AutoConfig reads back into this shape."""
-        family = families.FAMILIES[self.family]
+        family = families.get(self.family)
         if family.export_qkv_bias is not None and self.qkv_bias != family.export_qkv_bias:
             raise ValueError(family.export_qkv_bias_error)
         if self.qk_norm != family.qk_norm:

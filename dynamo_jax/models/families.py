@@ -3,10 +3,13 @@
 One decoder (`models/qwen.py`) runs every family; a family only fixes what its Hugging Face
 checkpoints look like: the `architectures` / `model_type` names, whether attention has q/k/v
 biases and a q/k RMSNorm, and the family's own `config.json` keys (read by
-`ModelConfig.from_hf_config`, written by `to_hf_config`). No module compares a family's name as
-a string; a new family is one more `ModelFamily` in `FAMILIES` (docs/design.md says the rest).
+`ModelConfig.from_hf_config`, written by `to_hf_config`). `FAMILIES` is a
+`dynamo_jax.registry.Registry` (the shape every extension point shares); no module compares a
+family's name as a string; a new family is one more `register(ModelFamily(...))` (docs/design.md
+says the rest).
 
-This module imports nothing of the package, so `ModelConfig` can validate names against it.
+This module imports nothing of the package but the generic registry, so `ModelConfig` can
+validate names against it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import Any
+
+from dynamo_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,42 +64,54 @@ def _llama_write(cfg: Any, hf: dict[str, Any]) -> None:
 
 # Qwen2 attention always has q/k/v biases and no q/k norm; Qwen3 the reverse (its biases
 # optional); Llama has neither.
-FAMILIES: dict[str, ModelFamily] = {
-    f.name: f
-    for f in (
-        ModelFamily(
-            "qwen2",
-            "Qwen2ForCausalLM",
-            qkv_bias=True,
-            qk_norm=False,
-            export_qkv_bias=True,
-            export_qkv_bias_error=(
-                "Qwen2 checkpoints always carry q/k/v biases; qkv_bias=False cannot be exported"
-            ),
+FAMILIES: Registry[ModelFamily] = Registry("model family")
+for _family in (
+    ModelFamily(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        qkv_bias=True,
+        qk_norm=False,
+        export_qkv_bias=True,
+        export_qkv_bias_error=(
+            "Qwen2 checkpoints always carry q/k/v biases; qkv_bias=False cannot be exported"
         ),
-        ModelFamily(
-            "qwen3",
-            "Qwen3ForCausalLM",
-            qkv_bias=False,
-            qk_norm=True,
-            read_hf=_qwen3_read,
-            write_hf=_qwen3_write,
+    ),
+    ModelFamily(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        qkv_bias=False,
+        qk_norm=True,
+        read_hf=_qwen3_read,
+        write_hf=_qwen3_write,
+    ),
+    ModelFamily(
+        "llama",
+        "LlamaForCausalLM",
+        qkv_bias=False,
+        qk_norm=False,
+        export_qkv_bias=False,
+        export_qkv_bias_error=(
+            "Llama checkpoints have no q/k/v-only biases; qkv_bias=True cannot be exported"
         ),
-        ModelFamily(
-            "llama",
-            "LlamaForCausalLM",
-            qkv_bias=False,
-            qk_norm=False,
-            export_qkv_bias=False,
-            export_qkv_bias_error=(
-                "Llama checkpoints have no q/k/v-only biases; qkv_bias=True cannot be exported"
-            ),
-            read_hf=_llama_read,
-            write_hf=_llama_write,
-        ),
-    )
-}
+        read_hf=_llama_read,
+        write_hf=_llama_write,
+    ),
+):
+    FAMILIES.register(_family)
+
+
+def register(family: ModelFamily, *, replace: bool = False) -> ModelFamily:
+    """Add `family` to the table; a second family under the same name is an error."""
+    return FAMILIES.register(family, replace=replace)
+
+
+def unregister(name: str) -> None:
+    FAMILIES.unregister(name)
 
 
 def names() -> tuple[str, ...]:
-    return tuple(FAMILIES)
+    return FAMILIES.names()
+
+
+def get(name: str) -> ModelFamily:
+    return FAMILIES.get(name)

@@ -1,4 +1,4 @@
-"""The frozen, validated config of the sampling temperature: fixed, or E3's scheduler.
+"""The frozen, validated config of the sampling temperature: a registered schedule (fixed, E3).
 
 docs/algorithm.md#temperature-scheduler (E3 Eq. 4 + Eq. 5). `dynamo_jax/config.py` maps the
 ConfigDict section `temperature` onto this class; nothing else reads it by key.
@@ -8,42 +8,42 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from dynamo_jax import validate
+from dynamo_jax.registry import flat_fields, flat_values, init_flat
+from dynamo_jax.temperature import registry
 
 _require = validate.require  # (ok, class name, field, message)
 
-MODES = ("fixed", "e3")
 
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class TemperatureConfig:
-    """Sampling temperature: fixed, or the E3 entropy-holding scheduler (Eq. 4 + Eq. 5).
+    """Sampling temperature: a registered schedule (`mode`: "fixed", or E3's entropy-holding
+    scheduler, Eq. 4 + Eq. 5; temperature/registry.py) and the keys every schedule shares; the
+    schedule's own keys (E3: `init_steps`, `anneal`, `anneal_start_frac`, `eta`) are its
+    settings record, `settings`.
 
-    The E3 update uses ln|V| + ln ln|V|, so `vocab_size` must be the policy's vocabulary size.
+    `vocab_size` and `total_steps` are not config keys: the run config derives them from
+    `model.vocab_size` (the E3 gain's |V|) and `train.steps` (Eq. 5's t_max) (config.DERIVED).
     `temperature_min`/`temperature_max` clamp the scheduled temperature (a safety net the
     paper does not have; Eq. 4 can overshoot when entropy jumps).
     """
 
-    mode: str = "fixed"
+    mode: str = "fixed"  # a registered temperature schedule
     initial: float = 1.0  # τ_0
-    init_steps: int = 1  # H_init = mean entropy of the first `init_steps` batches
-    vocab_size: int | None = None  # |V|; required for mode "e3"
-    anneal: bool = False  # cosine annealing of the entropy target (Eq. 5)
-    anneal_start_frac: float = 0.6  # t_anneal = ⌊frac · total_steps⌋
-    eta: float = 0.9  # final target = eta · H_init
-    total_steps: int | None = None  # t_max of Eq. 5; required when anneal=True
     temperature_min: float = 0.1
     temperature_max: float = 2.0
+    vocab_size: int | None = None  # |V| (derived: model.vocab_size)
+    total_steps: int | None = None  # t_max of Eq. 5 (derived: train.steps)
+    settings: Any = None  # the schedule's own keys (registry.init_flat builds it)
+
+    def __init__(self, **values: Any):
+        init_flat(self, registry.SCHEDULES, "mode", values, "TemperatureConfig")
+        self.__post_init__()
 
     def __post_init__(self):
         c = "TemperatureConfig"
-        _require(
-            self.mode in MODES,
-            c,
-            "mode",
-            f"{self.mode!r} not one of {MODES}",
-        )
         _require(
             math.isfinite(self.initial) and self.initial > 0,
             c,
@@ -64,38 +64,21 @@ class TemperatureConfig:
             f"{self.initial} lies outside [temperature_min={self.temperature_min}, "
             f"temperature_max={self.temperature_max}]",
         )
-        _require(
-            isinstance(self.init_steps, int) and self.init_steps >= 1,
-            c,
-            "init_steps",
-            f"must be an int >= 1, got {self.init_steps!r}",
-        )
-        _require(0.0 <= self.eta < 1.0, c, "eta", f"must be in [0, 1), got {self.eta}")
-        _require(
-            0.0 <= self.anneal_start_frac < 1.0,
-            c,
-            "anneal_start_frac",
-            f"must be in [0, 1), got {self.anneal_start_frac}",
-        )
-        if self.mode == "e3":
-            v = self.vocab_size
-            _require(
-                isinstance(v, int) and v >= 2,
-                c,
-                "vocab_size",
-                f"mode 'e3' needs the vocabulary size (an int >= 2), got {v!r}",
-            )
-        if self.anneal:
-            _require(self.mode == "e3", c, "anneal", "annealing needs mode 'e3'")
-            t = self.total_steps
-            _require(
-                isinstance(t, int) and t >= 1,
-                c,
-                "total_steps",
-                f"anneal=True needs the run's total step count (int >= 1), got {t!r}",
-            )
+        check = registry.get(self.mode).check
+        if check is not None:
+            check(self)
 
     @property
-    def anneal_start_step(self) -> int:
-        """t_anneal = ⌊anneal_start_frac · t_max⌋ (guarded against 0.6·10 = 5.999… rounding)."""
-        return int(math.floor(self.anneal_start_frac * (self.total_steps or 0) + 1e-9))
+    def reads_entropy(self) -> bool:
+        """Whether the schedule reads each batch's mean token entropy (from the log-prob pass)."""
+        return registry.get(self.mode).reads_entropy
+
+    @classmethod
+    def flat_fields(cls) -> dict[str, tuple[Any, Any]]:
+        """The section's fields (config.py builds it from these, less the derived ones): the
+        shared keys, then every registered schedule's own keys."""
+        return flat_fields(cls, registry.SCHEDULES)
+
+    def flat(self) -> dict[str, Any]:
+        """The section's flat keys as a config file holds them, with the derived values."""
+        return flat_values(self, registry.SCHEDULES)

@@ -26,40 +26,129 @@ not got: Eq. 4 can go negative when H_t ≫ H_target).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
+from dynamo_jax import validate
 from dynamo_jax.temperature.config import TemperatureConfig
+from dynamo_jax.temperature.registry import TemperatureSchedule, get, register
+
+_require = validate.require  # (ok, class name, field, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class E3Settings:
+    """E3's own keys (Eq. 4 + Eq. 5)."""
+
+    init_steps: int = 1  # H_init = mean entropy of the first `init_steps` batches
+    anneal: bool = False  # cosine annealing of the entropy target (Eq. 5)
+    anneal_start_frac: float = 0.6  # t_anneal = ⌊frac · total_steps⌋
+    eta: float = 0.9  # final target = eta · H_init
+
+    def __post_init__(self):
+        c = "TemperatureConfig"
+        _require(
+            isinstance(self.init_steps, int) and self.init_steps >= 1,
+            c,
+            "init_steps",
+            f"must be an int >= 1, got {self.init_steps!r}",
+        )
+        _require(0.0 <= self.eta < 1.0, c, "eta", f"must be in [0, 1), got {self.eta}")
+        _require(
+            0.0 <= self.anneal_start_frac < 1.0,
+            c,
+            "anneal_start_frac",
+            f"must be in [0, 1), got {self.anneal_start_frac}",
+        )
+
+    def anneal_start_step(self, total_steps: int) -> int:
+        """t_anneal = ⌊anneal_start_frac · t_max⌋ (guarded against 0.6·10 = 5.999… rounding)."""
+        return int(math.floor(self.anneal_start_frac * total_steps + 1e-9))
+
+
+def _e3_check(cfg: TemperatureConfig) -> None:
+    """E3's gain needs |V|, and Eq. 5 the run's length (both derived by the run config)."""
+    c, v = "TemperatureConfig", cfg.vocab_size
+    _require(
+        isinstance(v, int) and v >= 2,
+        c,
+        "vocab_size",
+        f"mode 'e3' needs the vocabulary size (an int >= 2), got {v!r}",
+    )
+    if cfg.settings.anneal:
+        t = cfg.total_steps
+        _require(
+            isinstance(t, int) and t >= 1,
+            c,
+            "total_steps",
+            f"anneal=True needs the run's total step count (int >= 1), got {t!r}",
+        )
+
+
+def _e3_target_entropy(s: TemperatureScheduler, step: int) -> float:
+    """H_target(step): H_init before t_anneal (or without annealing), Eq. 5 after."""
+    cfg = s.cfg
+    own = cfg.settings
+    start = own.anneal_start_step(cfg.total_steps or 0)
+    if not own.anneal or step < start:
+        return s.h_init
+    progress = min(1.0, (step - start) / (cfg.total_steps - start))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return s.h_init * (own.eta + (1.0 - own.eta) * cosine)
+
+
+def _e3_next(s: TemperatureScheduler, h: float, step: int) -> float:
+    """Eq. 4 once H_init is known (the first `init_steps` batches only measure it)."""
+    cfg = s.cfg
+    if s.init_count < cfg.settings.init_steps:
+        s.init_sum += h
+        s.init_count += 1
+        if s.init_count == cfg.settings.init_steps:
+            s.h_init = s.init_sum / s.init_count
+        return s.temperature
+    v = float(cfg.vocab_size)
+    gain_denominator = math.log(v) + math.log(math.log(v))
+    tau = s.temperature
+    ratio = _e3_target_entropy(s, step + 1) / h
+    tau = tau * (1.0 + tau * math.log(ratio) / gain_denominator)
+    return float(np.clip(tau, cfg.temperature_min, cfg.temperature_max))
+
+
+register(TemperatureSchedule("fixed", "τ stays at `initial`"))
+register(
+    TemperatureSchedule(
+        "e3",
+        "E3's entropy-holding scheduler (Eq. 4), with the annealed target of Eq. 5",
+        settings=E3Settings,
+        reads_entropy=True,
+        next_temperature=_e3_next,
+        check=_e3_check,
+    )
+)
 
 
 class TemperatureScheduler:
-    """Holds τ, H_init and the last step; `state_dict()` goes into the checkpoint."""
+    """Holds τ, H_init and the last step; `state_dict()` goes into the checkpoint. The running
+    schedule's rule (`TemperatureConfig.mode`, temperature/registry.py) sets each next τ."""
 
     def __init__(self, cfg: TemperatureConfig):
         self.cfg = cfg
+        self.schedule = get(cfg.mode)
         self.temperature = float(cfg.initial)
         self.h_init = math.nan  # set once the init batches are in
         self.init_sum = 0.0
         self.init_count = 0
         self.last_step = -1
-        if cfg.mode == "e3":
-            v = float(cfg.vocab_size)
-            self.gain_denominator = math.log(v) + math.log(math.log(v))
 
     def current(self) -> float:
         """The temperature to sample the next batch at."""
         return self.temperature
 
     def target_entropy(self, step: int) -> float:
-        """H_target(step): H_init before t_anneal (or without annealing), Eq. 5 after."""
-        cfg = self.cfg
-        if not cfg.anneal or step < cfg.anneal_start_step:
-            return self.h_init
-        start, end = cfg.anneal_start_step, cfg.total_steps
-        progress = min(1.0, (step - start) / (end - start))
-        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.h_init * (cfg.eta + (1.0 - cfg.eta) * cosine)
+        """E3's H_target(step) (docs/algorithm.md#temperature-scheduler)."""
+        return _e3_target_entropy(self, step)
 
     def update(self, mean_entropy: float, step: int) -> float:
         """Fold in batch `step`'s mean token entropy; returns the temperature for step + 1."""
@@ -75,18 +164,9 @@ class TemperatureScheduler:
                 f"finite and > 0, got {mean_entropy!r}"
             )
         self.last_step = int(step)
-        if self.cfg.mode == "fixed":
-            return self.temperature
-        if self.init_count < self.cfg.init_steps:
-            self.init_sum += h
-            self.init_count += 1
-            if self.init_count == self.cfg.init_steps:
-                self.h_init = self.init_sum / self.init_count
-            return self.temperature
-        tau = self.temperature
-        ratio = self.target_entropy(step + 1) / h
-        tau = tau * (1.0 + tau * math.log(ratio) / self.gain_denominator)
-        self.temperature = float(np.clip(tau, self.cfg.temperature_min, self.cfg.temperature_max))
+        rule = self.schedule.next_temperature
+        if rule is not None:
+            self.temperature = rule(self, h, step)
         return self.temperature
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -31,8 +31,6 @@ def _short_config(method="e3", steps=10, every=3):
     config.checkpoint.max_to_keep = 2
     config.logging.plots_at_end = False
     config.eval.every_steps = 0
-    if config.temperature.anneal:
-        config.temperature.total_steps = steps
     return config
 
 
