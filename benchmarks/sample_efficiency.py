@@ -119,8 +119,6 @@ def run_one(
     config.logging.plots_at_end = False
     config.checkpoint.every_steps = steps
     config.eval.every_steps = 0
-    if config.temperature.anneal:
-        config.temperature.total_steps = steps
     run_cfg = from_config_dict(config)
     train.run(run_cfg, Path(workdir))
     records = read_metrics(Path(workdir))

@@ -76,7 +76,6 @@ def run_config(model_cfg, ckpt: Path, python: str, sidecars: int):
     config = tiny.get_config()
     for key, value in dataclasses.asdict(model_cfg).items():
         config.model[key] = value
-    config.temperature.vocab_size = model_cfg.vocab_size
     config.init.checkpoint = str(ckpt)
     config.rollout.update(
         engine="vllm", sidecar_python=python, vllm_dtype="float32", vllm_enforce_eager=True,

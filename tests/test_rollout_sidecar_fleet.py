@@ -70,7 +70,6 @@ def setup(tmp_path_factory):
         engine="vllm", sidecar_python=VLLM_PYTHON, vllm_dtype="float32", max_new_tokens=NEW,
         vllm_enforce_eager=True, vllm_max_num_seqs=16, sidecars_per_host=2, call_timeout_s=300.0,
     )  # fmt: skip
-    config.temperature.vocab_size = model_cfg.vocab_size
     cfg = from_config_dict(config)
     stale_file = root / "stale"
     with pytest.MonkeyPatch.context() as mp:
