@@ -66,6 +66,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -318,10 +319,9 @@ class Pipeline:
         from dynamo_jax.loop import assemble, behaviour_pass, generate
 
         shape = self._shape(prompts, n_avg, with_step)
-        timings: dict = {}
-        rewards, _ = generate.score(self.task, completions, shape.cfg.budget, timings)
+        rewards = generate.score(self.task, completions, shape.cfg.budget).rewards
         batch = assemble.build_batch(shape.cfg, self.task, completions, self.temperature, rewards)
-        batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None, timings)
+        batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None)
         groups = assemble.group_stats(
             batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
         )
@@ -336,7 +336,11 @@ class Pipeline:
         from dynamo_jax.loop import rl_step
 
         shape, batch, groups = self.batch(completions, prompts, n_avg, with_step=True)
-        state, result = rl_step.update(shape.cfg, 0, batch, shape.step, shape.state, {})
+        # update() reads these of the Trainer (loop/build.py); a full one would build an engine
+        trainer = SimpleNamespace(
+            cfg=shape.cfg, train_step=shape.step, state=shape.state, consecutive_nonfinite=0
+        )
+        state, result = rl_step.update(trainer, 0, batch)
         shape.state = state
         if any(result.skipped):
             raise FloatingPointError("non-finite loss or gradient in a measured batch")

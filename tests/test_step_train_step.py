@@ -423,7 +423,7 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
     logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
     placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
     got = behaviour_pass.old_logprobs(
-        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None, {}
+        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None
     )
     scored = rollouts.loss_mask > 0
     for x, want in ((got.old_logp, want_logp), (got.entropy, want_ent)):

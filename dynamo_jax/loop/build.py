@@ -20,10 +20,9 @@ from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.engine_factory import build_engine
-from dynamo_jax.loop.assemble import build_batch
-from dynamo_jax.loop.behaviour_pass import layout_key, old_logprobs, row_layouts
+from dynamo_jax.loop.behaviour_pass import BehaviourAhead, row_layouts
 from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
-from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline
+from dynamo_jax.rollout.pipeline import RolloutPipeline
 from dynamo_jax.rollout.protocol import RolloutEngine
 from dynamo_jax.sharding.mesh import build_mesh
 from dynamo_jax.step.forward import LogprobFn, data_shards, make_logprob_fn
@@ -37,7 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything built once from the config; `rl_step` advances it by one step."""
+    """Everything built once from the config, and the run's state between steps: `rl_step`
+    reads it and returns a `StepOutcome`, which the run (train.py) takes in (`advance`)."""
 
     cfg: RunConfig
     mesh: Any
@@ -55,6 +55,12 @@ class Trainer:
     consecutive_nonfinite: int = 0
     skipped_updates: int = 0
 
+    def advance(self, state: TrainState, consecutive_nonfinite: int, skipped_updates: int) -> None:
+        """Take in a step's outcome (rl_step.py `StepOutcome`)."""
+        self.state = state
+        self.consecutive_nonfinite = consecutive_nonfinite
+        self.skipped_updates = skipped_updates
+
     # -- checkpoint payload -------------------------------------------------------------
     def host_state(self) -> dict:
         host = {
@@ -69,7 +75,8 @@ class Trainer:
         if self.cfg.train.max_staleness:
             # Waits for the batches in flight (and computes their π_old); every process calls
             # this at the same point, so the collectives inside line up.
-            host["pipeline"] = self.pipeline.state_dict(self._behaviour_ahead)
+            ahead = BehaviourAhead(self.cfg, self.task, self.logprob)
+            host["pipeline"] = self.pipeline.state_dict(ahead)
         return host
 
     def load_host_state(self, host: dict) -> None:
@@ -82,14 +89,6 @@ class Trainer:
         self.skipped_updates = int(host["loop"]["skipped_updates"])
         if "pipeline" in host:  # a run with max_staleness 0 wrote none
             self.pipeline.load_state_dict(host["pipeline"])
-
-    def _behaviour_ahead(self, plan: BatchPlan, completions: list, params: Any) -> Behaviour:
-        """log π_v of a batch in flight, from its version's parameters, on its batch layout."""
-        zeros = np.zeros(self.cfg.budget, np.float32)  # the layout does not depend on rewards
-        batch = build_batch(self.cfg, self.task, completions, plan.temperature, zeros)
-        return Behaviour(
-            old_logprobs(batch, self.logprob, params, None, {}).old_logp, layout_key(batch)
-        )
 
 
 def _mesh_devices(shape: tuple[int, ...]) -> list:

@@ -1,4 +1,4 @@
-"""The step's metrics line (metrics.jsonl, TensorBoard, the progress bar), and stage timings.
+"""The step's metrics line (metrics.jsonl, TensorBoard, the progress bar).
 
 `step_metrics` gathers what every stage of the step (loop/rl_step.py) produced into one flat dict
 of host scalars: the update's loss metrics (averaged over its optimizer updates), timings, verdict
@@ -8,9 +8,8 @@ the log-prob comparison of trainer and engine (rollout/pipeline.py explains the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,20 +20,13 @@ if TYPE_CHECKING:  # annotations only: assemble builds the batch, this module on
     from dynamo_jax.loop.assemble import RolloutBatch
 
 
-@contextlib.contextmanager
-def timed(timings: dict, name: str):
-    """Seconds spent in the block, as `timings["time/<name>"]`."""
-    start = time.perf_counter()
-    yield
-    timings[f"time/{name}"] = time.perf_counter() - start
-
-
 @dataclasses.dataclass(frozen=True)
 class UpdateResult:
     """The update stage's outcome: per-update loss metrics (host) and which updates were skipped."""
 
     metrics: list[dict]  # one dict of host scalars per optimizer update
     skipped: list[bool]  # per update: a non-finite loss or gradient, not applied
+    timings: Mapping[str, float] = dataclasses.field(default_factory=dict)  # time/update
 
 
 def entropy_mean(batch: RolloutBatch) -> float:

@@ -53,8 +53,8 @@ from dynamo_jax.errors import ConfigError, DiskFullError, RunFailedError, UserEr
 from dynamo_jax.evaluate import OVERALL
 from dynamo_jax.loop.behaviour_pass import row_layouts
 from dynamo_jax.loop.build import Trainer, build_trainer
-from dynamo_jax.loop.report import timed as _timed
 from dynamo_jax.loop.rl_step import rl_step
+from dynamo_jax.loop.timings import Stopwatch
 from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabytes
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.reporting.summary import RunSummary, Status, format_summary, summary_values
@@ -199,20 +199,22 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
             status, reason = Status.INTERRUPTED, f"{stop.signal_name} before the first step"
         elif start == 0 and cfg.eval.at_start and tr.task.eval_rows:
             # The base model's numbers, the "before" of the summary's before → after.
-            before: dict = {}
-            with _timed(before, "eval"):
-                before.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, 0))
-            writer.write(0, before, advance=False)
+            with Stopwatch() as clock:
+                before = evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, 0)
+            writer.write(0, {**before, "time/eval": clock.seconds}, advance=False)
         for step in range(start + 1, cfg.train.steps + 1):
             if status is not Status.FINISHED:
                 break
             gone = run_dir.check_still_there(workdir, started_in)
             if _any_process(gone is not None):
                 raise RunFailedError(gone or "--workdir disappeared on another process")
-            metrics = rl_step(tr, step)
+            outcome = rl_step(tr, step)
+            tr.advance(outcome.state, outcome.consecutive_nonfinite, outcome.skipped_updates)
+            metrics = dict(outcome.metrics)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
-                with _timed(metrics, "eval"):
+                with Stopwatch() as clock:
                     metrics.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, step))
+                metrics["time/eval"] = clock.seconds
             writer.write(step, metrics)
             done = step
             limit = cfg.train.max_consecutive_nonfinite
