@@ -309,10 +309,11 @@ class Pipeline:
 
     def _layouts(self, cfg):
         """The (update, log-prob pass) row layouts build.build_trainer gives this config."""
-        from dynamo_jax.loop.behaviour_pass import row_layouts
-        from dynamo_jax.step.forward import data_shards
+        from dynamo_jax.loop.assemble import step_layouts
+        from dynamo_jax.sharding.rules import row_shards
 
-        return row_layouts(cfg, data_shards(self.mesh, cfg.mesh.rules))
+        layouts = step_layouts(cfg, row_shards(self.mesh.shape, cfg.mesh.rules))
+        return layouts.update, layouts.logprob_pass
 
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""

@@ -52,8 +52,8 @@ def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):
         batch_size=layout.max_rows,
         micro_batches=layout.max_micro_batches,
     )
-    rows, _ = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
-    assert rows["on_policy"] == 0.0  # layout_rows' default: the update reads old_logp
+    rows, _ = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    assert rows["on_policy"] == 0.0  # lay_out's default: the update reads old_logp
     rows["on_policy"] = np.float32(on_policy)
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)

@@ -1,4 +1,4 @@
-"""The trainer's log-prob passes over a rollout batch, and the row layouts they and the update use.
+"""The trainer's log-prob passes over a rollout batch.
 
 `old_logprobs` runs the trainer's forward (step/forward.py) over a batch's sequences laid into
 rows (packed or one per row, data/packing.py): log π, the entropy H and, with a KL term, log π_ref
@@ -15,7 +15,6 @@ still in flight at a checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +24,6 @@ import numpy as np
 
 from dynamo_jax import tasks
 from dynamo_jax.config import RunConfig
-from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch, build_batch
 from dynamo_jax.loop.timings import Stopwatch
@@ -34,30 +32,6 @@ from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline, T
 from dynamo_jax.rollout.protocol import Completion
 from dynamo_jax.sharding import multihost
 from dynamo_jax.step.forward import LogprobFn
-
-
-def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]:
-    """(update, old-log-prob pass) row layouts: rows of train.pack_len tokens (default the run's
-    max_seq_len), packed or one sequence per row, in micro-batches of the token budget's rows
-    (max_tokens_per_micro_batch // row length per device) or of mini_batch_size / micro_batches
-    rows; a mini-batch holds mini_batch_size sequences, the log-prob pass the whole budget."""
-    train = cfg.train
-    row_len = train.pack_len or cfg.max_seq_len
-    if train.max_tokens_per_micro_batch:
-        micro_rows = data_shards * (train.max_tokens_per_micro_batch // row_len)
-    else:
-        micro_rows = train.mini_batch_size // train.micro_batches
-    shared = {}
-    if train.share_prompts:
-        # A micro-batch holds at most the step's prompts. Dynamic sampling draws more rounds,
-        # so there the table has room for a prompt per row and the prompts' stream is as long
-        # as the rows' prompt slots: correct, but it saves nothing (docs/algorithm.md).
-        groups = micro_rows if train.dynamic_sampling else min(micro_rows, train.prompts_per_step)
-        shared = dict(prompt_slots=cfg.data.max_prompt_tokens, prompt_groups=groups)
-    layout = functools.partial(
-        RowLayout, row_len, train.packing, micro_rows, row_shards=data_shards, **shared
-    )
-    return layout(max_sequences=train.mini_batch_size), layout(max_sequences=cfg.budget)
 
 
 def old_logprobs(
@@ -73,7 +47,7 @@ def old_logprobs(
     `seqs`: the rows to score (default all of them); the others' values are NaN, so that a
     reader that should not have read them (the on-policy first update) shows it."""
     scored = np.arange(batch.rows) if seqs is None else np.asarray(seqs, np.int64)
-    rows, plan = assemble.layout_rows(batch, scored, logprob.layout, logprob.batch_shardings)
+    rows, plan = assemble.lay_out(batch, scored, logprob.layout, logprob.batch_shardings)
     # Each process feeds its own rows; outputs come back whole to every process.
     model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
     width = batch.tokens.shape[1]
@@ -245,9 +219,3 @@ class BehaviourAhead:
         return Behaviour(
             old_logprobs(batch, self.logprob, params, None).old_logp, layout_key(batch)
         )
-
-
-def row_shards(sharding: Any) -> int:
-    """How many ways a batch sharding splits rows (the act_batch axes' mesh size)."""
-    n = sharding.mesh.size
-    return n // sharding.shard_shape((n,))[0]

@@ -20,12 +20,14 @@ from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.engine_factory import build_engine
-from dynamo_jax.loop.behaviour_pass import BehaviourAhead, row_layouts
+from dynamo_jax.loop.assemble import StepLayouts, step_layouts
+from dynamo_jax.loop.behaviour_pass import BehaviourAhead
 from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
 from dynamo_jax.rollout.pipeline import RolloutPipeline
 from dynamo_jax.rollout.protocol import RolloutEngine
 from dynamo_jax.sharding.mesh import build_mesh
-from dynamo_jax.step.forward import LogprobFn, data_shards, make_logprob_fn
+from dynamo_jax.sharding.rules import row_shards
+from dynamo_jax.step.forward import LogprobFn, make_logprob_fn
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
@@ -47,8 +49,9 @@ class Trainer:
     history: PromptHistory
     scheduler: TemperatureScheduler
     data_iter: Any  # data.EpochIterator
-    train_step: TrainStep
-    logprob: LogprobFn
+    layouts: StepLayouts  # the update's and the log-prob pass's row layouts
+    train_step: TrainStep  # built for layouts.update
+    logprob: LogprobFn  # built for layouts.logprob_pass
     state: TrainState
     pipeline: RolloutPipeline  # the batches requested and not yet trained on
     ref_params: Any = None  # frozen reference policy, only when the loss has a KL term
@@ -106,17 +109,17 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
-    train_layout, logprob_layout = row_layouts(cfg, data_shards(mesh, cfg.mesh.rules))
+    layouts = step_layouts(cfg, row_shards(mesh.shape, cfg.mesh.rules))
     train_step = make_train_step(
         cfg.model,
         cfg.loss,
         optimizer,
         mesh,
         cfg.mesh.rules,
-        batch_size=train_layout.max_rows,
-        micro_batches=train_layout.max_micro_batches,
+        batch_size=layouts.update.max_rows,
+        micro_batches=layouts.update.max_micro_batches,
         seed=cfg.train.seed,
-        shared_prompts=train_layout.shared_prompts,
+        shared_prompts=layouts.update.shared_prompts,
         is_weights=cfg.train.rollout_correction.weights,
     )
     if cfg.init.checkpoint:
@@ -129,7 +132,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     else:
         rng = jax.random.key(cfg.train.seed)
         state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, rng)
-    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, logprob_layout)
+    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, layouts.logprob_pass)
     ref_params = None
     if cfg.loss.kl != "none":
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
@@ -146,6 +149,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         history=make_history(cfg.allocation, task.num_prompts),
         scheduler=TemperatureScheduler(cfg.temperature),
         data_iter=task.iterator(cfg.data.seed, cfg.train.prompts_per_step),
+        layouts=layouts,
         train_step=train_step,
         logprob=logprob,
         state=state,

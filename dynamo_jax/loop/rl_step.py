@@ -16,7 +16,7 @@
    π_old is the engine's own log-probs (RunConfig.old_logp_from_engine_only);
 6. `ppo_epochs` passes of jitted optimizer steps over shuffled mini-batches (`update`);
    (5 and 6 lay the sequences into rows of train.pack_len tokens, several per row when
-   train.packing, in micro-batches of a token budget: `row_layouts`, data/packing.py)
+   train.packing, in micro-batches of a token budget: the Trainer's `layouts`, data/packing.py)
 7. allocator history and temperature scheduler are updated (`record`), weights pushed to the
    engine; the step's metrics line is assembled (loop/report.py `step_metrics`).
 With `train.max_staleness` = k ≥ 1, step t requests the batch of step t+k (steps 1-2 for it)
@@ -42,8 +42,6 @@ from dynamo_jax.loop.behaviour_pass import (
     TrainerForward,
     behaviour_logprobs,
     corrected,
-    row_layouts,
-    row_shards,
     without_logprob_pass,
 )
 from dynamo_jax.loop.build import Trainer
@@ -183,7 +181,6 @@ def update(tr: Trainer, step: int, batch: RolloutBatch) -> tuple[TrainState, Upd
     after exactly that many; otherwise the flags are read once, after the step."""
     cfg, train_step, state = tr.cfg, tr.train_step, tr.state
     on_policy_updates = int(cfg.first_update_on_policy)
-    layout, _ = row_layouts(cfg, row_shards(train_step.batch_shardings["tokens"]))
     fields = tuple(train_step.batch_shardings)
     order = mini_batch_order(cfg, step, batch.rows)
     per_update, layout_stats = [], []
@@ -192,7 +189,7 @@ def update(tr: Trainer, step: int, batch: RolloutBatch) -> tuple[TrainState, Upd
     run = tr.consecutive_nonfinite
     with Stopwatch() as clock:
         for i, seqs in enumerate(order):
-            rows, plan = assemble.layout_rows(batch, seqs, layout, fields)
+            rows, plan = assemble.lay_out(batch, seqs, tr.layouts.update, fields)
             rows["on_policy"] = np.float32(i < on_policy_updates)
             mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
             state, metrics = train_step.fn(state, mb)

@@ -51,7 +51,7 @@ from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_li
 from dynamo_jax.config import RunConfig, to_json_dict
 from dynamo_jax.errors import ConfigError, DiskFullError, RunFailedError, UserError
 from dynamo_jax.evaluate import OVERALL
-from dynamo_jax.loop.behaviour_pass import row_layouts
+from dynamo_jax.loop.assemble import step_layouts
 from dynamo_jax.loop.build import Trainer, build_trainer
 from dynamo_jax.loop.rl_step import rl_step
 from dynamo_jax.loop.timings import Stopwatch
@@ -59,7 +59,7 @@ from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabyt
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.reporting.summary import RunSummary, Status, format_summary, summary_values
 from dynamo_jax.sharding import multihost
-from dynamo_jax.sharding.rules import replicated
+from dynamo_jax.sharding.rules import replicated, row_shards
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.stop import StopRequest
 
@@ -152,14 +152,12 @@ def check_mesh(cfg: RunConfig) -> None:
     """The configured mesh fits the devices there are and splits every batch into whole rows per
     device (ConfigError naming config.mesh.shape): a run, or a resume on another mesh, that
     cannot is refused before anything is built, not by a traceback from the build."""
-    from dynamo_jax.step.planner import row_shards
-
     used = len(jax.devices())
     shape = cfg.mesh.shape
     if -1 not in shape and 0 < int(np.prod(shape)) < used and jax.process_count() == 1:
         used = int(np.prod(shape))  # a smaller fixed mesh uses the first devices (build.py)
     try:
-        row_layouts(cfg, row_shards(cfg.mesh, used))
+        step_layouts(cfg, row_shards(cfg.mesh.axis_sizes(used), cfg.mesh.rules))
     except ValueError as err:
         raise ConfigError(f"config.mesh.shape: {err}") from err
 
@@ -283,9 +281,10 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
 
 def dry_run(cfg: RunConfig) -> dict:
     """The sharding planner on abstract shapes for this config's model, loss, mesh and batch."""
-    from dynamo_jax.step.planner import format_report, row_batch_shape, row_shards, run_dry_run
+    from dynamo_jax.step.planner import format_report, row_batch_shape, run_dry_run
 
-    layout, _ = row_layouts(cfg, row_shards(cfg.mesh, cfg.dry_run.num_devices))
+    axis_sizes = cfg.mesh.axis_sizes(cfg.dry_run.num_devices)
+    layout = step_layouts(cfg, row_shards(axis_sizes, cfg.mesh.rules)).update
     report = run_dry_run(
         cfg.model,
         cfg.loss,
