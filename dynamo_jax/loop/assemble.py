@@ -95,6 +95,12 @@ class RolloutBatch:
     def rows(self) -> int:
         return len(self.valid)
 
+    @property
+    def entropy_mean(self) -> float:
+        """Mean token entropy over the trained tokens (NaN if there are none)."""
+        mask = self.loss_mask > 0
+        return float(self.entropy[mask].mean()) if mask.any() else float("nan")
+
 
 def pack_rollouts(
     prompt_tokens: dict[int, Sequence[int]],

@@ -131,6 +131,7 @@ class Drawn:
 
     parts: list[tuple[np.ndarray, bool, dict]]  # (rows, epoch_end, group_stats) per draw
     rewards: np.ndarray  # float32, the reward of every generated completion
+    verdict_shares: dict  # the share of each verdict status over every generated completion
 
     @property
     def groups(self) -> dict:
@@ -145,8 +146,7 @@ class Resampled:
 
     rollouts: Rollouts  # the step's rollouts with the selected groups' completions
     rewards: np.ndarray  # float32 [budget] of the selected completions (0 on padding rows)
-    verdict_shares: dict  # over every generated completion
-    drawn: Drawn
+    drawn: Drawn  # every round
     metrics: dict  # dynamic/* (dynamic_sampling.metrics)
     timings: Mapping[str, float]  # the further rounds' time/generate and time/score, summed
 
@@ -202,6 +202,7 @@ def resample(
     drawn = Drawn(
         [(r.plan.rows, r.plan.epoch_end, _group_stats(r.completions, r.rewards)) for r in rounds],
         np.concatenate([r.rewards for r in rounds]),
+        dynamic_sampling.verdict_shares(rounds),
     )
     metrics = dynamic_sampling.metrics(
         rounds,
@@ -213,7 +214,6 @@ def resample(
     return Resampled(
         dataclasses.replace(rollouts, completions=completions),
         rewards,
-        dynamic_sampling.verdict_shares(rounds),
         drawn,
         metrics,
         add_timings(*round_timings),

@@ -46,7 +46,7 @@ from dynamo_jax.loop.behaviour_pass import (
 )
 from dynamo_jax.loop.build import Trainer
 from dynamo_jax.loop.generate import Drawn, Planner, generate, resample, score
-from dynamo_jax.loop.report import UpdateResult, entropy_mean, step_metrics
+from dynamo_jax.loop.report import RunCounts, UpdateResult, step_metrics
 from dynamo_jax.loop.timings import Stopwatch, add_timings
 from dynamo_jax.rollout.pipeline import TakenBatch
 from dynamo_jax.seeds import MINI_BATCH, step_seed
@@ -76,15 +76,11 @@ def rl_step(tr: Trainer, step: int) -> StepOutcome:
     planner = Planner(cfg, tr.task, tr.data_iter, tr.allocator, tr.history, tr.scheduler)
     generated = generate(tr.pipeline, step, planner, tr.state.params)
     scored = score(tr.task, generated.rollouts.completions, cfg.budget)
-    rollouts, rewards, verdict_shares = generated.rollouts, scored.rewards, scored.verdict_shares
+    rollouts, rewards = generated.rollouts, scored.rewards
     resampled = None
     if cfg.train.dynamic_sampling:
         resampled = resample(cfg, step, tr.task, tr.engine, planner, (generated, scored))
-        rollouts, rewards, verdict_shares = (
-            resampled.rollouts,
-            resampled.rewards,
-            resampled.verdict_shares,
-        )
+        rollouts, rewards = resampled.rollouts, resampled.rewards
     batch = build_batch(cfg, tr.task, rollouts.completions, rollouts.temperature, rewards)
     scored_rows = None  # the rows the log-prob pass scores: all of them
     if cfg.first_update_on_policy:
@@ -106,12 +102,16 @@ def rl_step(tr: Trainer, step: int) -> StepOutcome:
         consecutive_nonfinite = consecutive_nonfinite + 1 if skipped else 0
     skipped_updates = tr.skipped_updates + sum(result.skipped)
 
-    groups = assemble.group_stats(batch.prompt_id, batch.rewards, batch.valid)
+    # The trained groups (with the pass's entropy), for the history and the metrics line.
+    groups = assemble.group_stats(
+        batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
+    )
     if resampled is None:
-        drawn = Drawn([(rollouts.rows, rollouts.epoch_end, groups)], batch.rewards[batch.valid])
+        part = (rollouts.rows, rollouts.epoch_end, groups)
+        drawn = Drawn([part], batch.rewards[batch.valid], scored.verdict_shares)
     else:
         drawn = resampled.drawn
-    record(tr, drawn, batch, step)
+    record(tr, drawn, groups, batch.entropy_mean, step)
     with Stopwatch() as push:
         tr.engine.update_weights(state.params, step)
     timings = add_timings(
@@ -123,19 +123,13 @@ def rl_step(tr: Trainer, step: int) -> StepOutcome:
         {"time/weight_push": push.seconds},
     )
     timings["time/step"] = time.perf_counter() - t0
-    metrics = step_metrics(
-        cfg.allocation.g_max,
-        rollouts.allocation,
-        rollouts.temperature,
-        batch,
-        (drawn.groups, drawn.rewards),
-        result,
-        verdict_shares,
-        timings,
-        logp_metrics,
-        consecutive_nonfinite=consecutive_nonfinite,
+    counts = RunCounts(
+        consecutive_nonfinite,
         applied_updates=int(jax.device_get(state.step)),
         epochs_completed=int(tr.history.epochs_completed),
+    )
+    metrics = step_metrics(
+        cfg.allocation.g_max, rollouts, drawn, batch, logp_metrics, result, timings, counts
     )
     if resampled is not None:
         metrics.update(resampled.metrics)
@@ -211,30 +205,27 @@ def update(tr: Trainer, step: int, batch: RolloutBatch) -> tuple[TrainState, Upd
     return state, UpdateResult(fetched, skipped, {"time/update": clock.seconds})
 
 
-def record(tr: Trainer, drawn: Drawn, batch: RolloutBatch, step: int) -> None:
+def record(tr: Trainer, drawn: Drawn, trained: dict, entropy: float, step: int) -> None:
     """What the step taught the allocator (history, epoch end) and the temperature scheduler:
     every generated group, draw by draw, trained on or not; a group's mean token entropy is the
-    old-log-prob pass's (NaN, the history's previous value kept, for groups not trained on)."""
-    trained = assemble.group_stats(
-        batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
-    )
-    entropy_of = dict(zip(trained["prompt_id"].tolist(), trained.get("entropy_mean", [])))
+    old-log-prob pass's (`trained`: the trained groups' stats; NaN, the history's previous
+    value kept, for groups not trained on); `entropy`: the trained tokens' mean."""
+    entropy_of = dict(zip(trained["prompt_id"].tolist(), trained["entropy_mean"]))
     for rows, epoch_end, groups in drawn.parts:
         # History is keyed by dataset row; groups by stable prompt id: map ids back to rows.
         row_of_id = {int(tr.task.prompt_ids[r]): int(r) for r in rows}
         group_rows = np.asarray([row_of_id[int(i)] for i in groups["prompt_id"]], np.int64)
-        entropy = np.asarray([entropy_of.get(int(i), np.nan) for i in groups["prompt_id"]])
+        group_entropy = np.asarray([entropy_of.get(int(i), np.nan) for i in groups["prompt_id"]])
         tr.history.update(
             group_rows,
             groups["count"],
             groups["correct"],
             groups["reward_sum"],
-            entropy_mean=entropy,
+            entropy_mean=group_entropy,
         )
         if epoch_end:
             # A pass over the dataset just ended: E3 re-ranks difficulty and widens its bounds,
             # the released heuristic refreshes its priorities (allocation/policies.py).
             tr.allocator.on_epoch_end(tr.history)
-    entropy = entropy_mean(batch)
     if np.isfinite(entropy) and entropy > 0:
         tr.scheduler.update(entropy, step)
