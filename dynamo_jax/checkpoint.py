@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dynamo_jax import validate
+from dynamo_jax.checkpoint_config import CheckpointConfig
 from dynamo_jax.errors import CheckpointError, DiskFullError
 from dynamo_jax.reporting import runlog
 from dynamo_jax.reporting.disk_space import (
@@ -90,20 +90,6 @@ _STEP = re.compile(r"^\d+$")  # orbax's step directory names
 _ITEM_DIRS = re.compile(r"^(d|array_metadatas|ocdbt\.process_\d+)$")
 # A first save's estimate from the state's bytes: orbax's metadata and OCDBT's index on top.
 _OVERHEAD_FACTOR, _OVERHEAD_BYTES = 1.1, 1 << 18
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    """When and how to checkpoint."""
-
-    every_steps: int = 50  # save every this many optimizer steps (and at the end / on Ctrl-C)
-    max_to_keep: int = 3  # older steps are deleted once a newer one is committed
-    async_save: bool = False  # overlap writing with training (waits before the next save/exit)
-
-    def __post_init__(self):
-        for name in ("every_steps", "max_to_keep"):
-            value = getattr(self, name)
-            validate.must(value >= 1, "checkpoint", name, ">= 1", value)
 
 
 @dataclasses.dataclass(frozen=True)
