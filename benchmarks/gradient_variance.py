@@ -284,14 +284,14 @@ class Pipeline:
         key = (prompts, n_avg)
         if key not in self._shapes:
             cfg = sized_config(self.cfg, prompts, n_avg)
-            _, logprob_layout = self._layouts(cfg)
+            logprob_layout = self._layouts(cfg).logprob_pass
             logprob = make_logprob_fn(cfg.model, self.mesh, cfg.mesh.rules, logprob_layout)
             self._shapes[key] = _Shape(cfg, logprob)
         shape = self._shapes[key]
         if with_step and shape.step is None:
             optimizer = capture_gradient()
             cfg = shape.cfg
-            train_layout, _ = self._layouts(cfg)
+            train_layout = self._layouts(cfg).update
             shape.step = make_train_step(
                 cfg.model,
                 cfg.loss,
@@ -308,12 +308,11 @@ class Pipeline:
         return shape
 
     def _layouts(self, cfg):
-        """The (update, log-prob pass) row layouts build.build_trainer gives this config."""
+        """The row layouts build.build_trainer gives this config (assemble.StepLayouts)."""
         from dynamo_jax.loop.assemble import step_layouts
         from dynamo_jax.sharding.rules import row_shards
 
-        layouts = step_layouts(cfg, row_shards(self.mesh.shape, cfg.mesh.rules))
-        return layouts.update, layouts.logprob_pass
+        return step_layouts(cfg, row_shards(self.mesh.shape, cfg.mesh.rules))
 
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""
@@ -339,7 +338,11 @@ class Pipeline:
         shape, batch, groups = self.batch(completions, prompts, n_avg, with_step=True)
         # update() reads these of the Trainer (loop/build.py); a full one would build an engine
         trainer = SimpleNamespace(
-            cfg=shape.cfg, train_step=shape.step, state=shape.state, consecutive_nonfinite=0
+            cfg=shape.cfg,
+            layouts=self._layouts(shape.cfg),
+            train_step=shape.step,
+            state=shape.state,
+            consecutive_nonfinite=0,
         )
         state, result = rl_step.update(trainer, 0, batch)
         shape.state = state
