@@ -66,6 +66,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -282,14 +283,14 @@ class Pipeline:
         key = (prompts, n_avg)
         if key not in self._shapes:
             cfg = sized_config(self.cfg, prompts, n_avg)
-            _, logprob_layout = self._layouts(cfg)
+            logprob_layout = self._layouts(cfg).logprob_pass
             logprob = make_logprob_fn(cfg.model, self.mesh, cfg.mesh.rules, logprob_layout)
             self._shapes[key] = _Shape(cfg, logprob)
         shape = self._shapes[key]
         if with_step and shape.step is None:
             optimizer = capture_gradient()
             cfg = shape.cfg
-            train_layout, _ = self._layouts(cfg)
+            train_layout = self._layouts(cfg).update
             shape.step = make_train_step(
                 cfg.model,
                 cfg.loss,
@@ -306,21 +307,20 @@ class Pipeline:
         return shape
 
     def _layouts(self, cfg):
-        """The (update, log-prob pass) row layouts build.build_trainer gives this config."""
-        from dynamo_jax.loop.behaviour_pass import row_layouts
-        from dynamo_jax.step.forward import data_shards
+        """The row layouts build.build_trainer gives this config (assemble.StepLayouts)."""
+        from dynamo_jax.loop.assemble import step_layouts
+        from dynamo_jax.sharding.rules import row_shards
 
-        return row_layouts(cfg, data_shards(self.mesh, cfg.mesh.rules))
+        return step_layouts(cfg, row_shards(self.mesh.shape, cfg.mesh.rules))
 
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""
         from dynamo_jax.loop import assemble, behaviour_pass, generate
 
         shape = self._shape(prompts, n_avg, with_step)
-        timings: dict = {}
-        rewards, _ = generate.score(self.task, completions, shape.cfg.budget, timings)
+        rewards = generate.score(self.task, completions, shape.cfg.budget).rewards
         batch = assemble.build_batch(shape.cfg, self.task, completions, self.temperature, rewards)
-        batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None, timings)
+        batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None)
         groups = assemble.group_stats(
             batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
         )
@@ -335,7 +335,15 @@ class Pipeline:
         from dynamo_jax.loop import rl_step
 
         shape, batch, groups = self.batch(completions, prompts, n_avg, with_step=True)
-        state, result = rl_step.update(shape.cfg, 0, batch, shape.step, shape.state, {})
+        # update() reads these of the Trainer (loop/build.py); a full one would build an engine
+        trainer = SimpleNamespace(
+            cfg=shape.cfg,
+            layouts=self._layouts(shape.cfg),
+            train_step=shape.step,
+            state=shape.state,
+            consecutive_nonfinite=0,
+        )
+        state, result = rl_step.update(trainer, 0, batch)
         shape.state = state
         if any(result.skipped):
             raise FloatingPointError("non-finite loss or gradient in a measured batch")

@@ -5,7 +5,7 @@
     python -m benchmarks.packing --shapes_only         # rows and padding of the papers' shapes
 
 Both sides run the trainer's own code on the same model, parameters and sequences: the
-sequences are laid into rows by `assemble.layout_rows` (data/packing.py), then one optimizer
+sequences are laid into rows by `assemble.lay_out` (data/packing.py), then one optimizer
 update (`step.train_step.make_train_step`: DynaMO loss with exact K, AdamW, fp32) and one
 old-log-prob pass (`step.forward.make_logprob_fn`) run on them. Padded = one sequence per row of
 max_seq_len slots (`train.packing=False`); packed = several whole sequences per row of the same
@@ -153,10 +153,10 @@ def measure(args, layers: int) -> dict:
     state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
     train_in, logprob_in, logprob = {}, {}, {}
     for name, layout in layouts.items():
-        rows, plan = assemble.layout_rows(batch, np.arange(n), layout, tuple(batch_sh))
+        rows, plan = assemble.lay_out(batch, np.arange(n), layout, tuple(batch_sh))
         train_in[name] = jax.device_put(rows, batch_sh)
         logprob[name] = make_logprob_fn(cfg, mesh, mesh_cfg.rules, layout)
-        rows, _ = assemble.layout_rows(
+        rows, _ = assemble.lay_out(
             batch, np.arange(n), layout, tuple(logprob[name].batch_shardings)
         )
         logprob_in[name] = jax.device_put(rows, logprob[name].batch_shardings)

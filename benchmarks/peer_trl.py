@@ -338,7 +338,9 @@ def project_worker(args) -> None:
         for _ in range(int(words[1])):
             step += 1
             t0 = time.perf_counter()
-            m = rl_step(tr, step)
+            outcome = rl_step(tr, step)
+            tr.advance(outcome.state, outcome.consecutive_nonfinite, outcome.skipped_updates)
+            m = outcome.metrics
             wall = time.perf_counter() - t0
             phases = {
                 "generate": m["time/generate"],

@@ -17,7 +17,7 @@ from typing import Any
 
 from dynamo_jax import validate
 from dynamo_jax.allocation.config import AllocationConfig
-from dynamo_jax.checkpoint import CheckpointConfig
+from dynamo_jax.checkpoint_config import CheckpointConfig
 from dynamo_jax.data.config import DataConfig
 from dynamo_jax.errors import ConfigError
 from dynamo_jax.losses.config import LossConfig

@@ -16,10 +16,9 @@ from dynamo_jax.checkpoint import (
     Checkpointer,
     DamagedStepError,
     NonFiniteStateError,
-    _leaf_sums,
     abstract_like,
-    device_checksums,
 )
+from dynamo_jax.checkpoint_checksums import _leaf_sums, device_checksums
 from dynamo_jax.errors import CheckpointError
 
 

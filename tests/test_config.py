@@ -1,6 +1,9 @@
 """ConfigDict → dataclass mapping: field validation, unknown keys, cross-section checks."""
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_collections as mlc
 import pytest
@@ -126,3 +129,14 @@ def test_engine_log_probs_need_the_full_tempered_distribution():
     config.rollout.top_p = 0.9
     with pytest.raises(ValueError, match=r"train\.old_logp_source='engine' needs rollout\.top_p"):
         C.from_config_dict(config)
+
+
+def test_reading_a_config_loads_no_orbax():
+    """config.py takes the checkpoint section from checkpoint_config.py, not from the orbax
+    module: a fresh interpreter that imports only the config has no orbax module loaded."""
+    code = "import sys, dynamo_jax.config; print(sorted(m for m in sys.modules if 'orbax' in m))"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout[:300]

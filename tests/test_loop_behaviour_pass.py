@@ -45,9 +45,9 @@ def _capture(monkeypatch, engine_is_trainer=False):
     monkeypatch.setattr(rl_step, "corrected", corrected)
     real_update = rl_step.update
 
-    def update(cfg, step, batch, *args, **kwargs):
+    def update(tr, step, batch):
         updates[step] = batch
-        return real_update(cfg, step, batch, *args, **kwargs)
+        return real_update(tr, step, batch)
 
     monkeypatch.setattr(rl_step, "update", update)
     return seen, updates

@@ -8,7 +8,8 @@ from configs import tiny
 from dynamo_jax import data, tasks
 from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.config import from_config_dict
-from dynamo_jax.loop.generate import request, resample, rollouts_of, score
+from dynamo_jax.loop.generate import Generated, Planner, resample, rollouts_of, score
+from dynamo_jax.rollout.pipeline import TakenBatch
 from dynamo_jax.rollout.protocol import Completion
 from dynamo_jax.seeds import ROLLOUT, step_seed
 from dynamo_jax.temperature import TemperatureScheduler
@@ -34,7 +35,8 @@ def test_a_request_fixes_prompts_counts_temperature_seed_and_version(setup):
     cfg, task = setup
     data_iter, allocator, history, scheduler = _stages(cfg, task)
     scheduler.temperature = 0.83  # what E3's scheduler would have set by now
-    plan = request(cfg, task, data_iter, allocator, history, scheduler, 7, 5)
+    planner = Planner(cfg, task, data_iter, allocator, history, scheduler)
+    plan = planner.request(7, 5)
     rows = next(task.iterator(cfg.data.seed, cfg.train.prompts_per_step)).indices
     np.testing.assert_array_equal(plan.rows, rows)
     np.testing.assert_array_equal(plan.allocation.n, allocator.allocate(rows, history, 128).n)
@@ -42,7 +44,7 @@ def test_a_request_fixes_prompts_counts_temperature_seed_and_version(setup):
     assert [r.n for r in plan.requests] == [8] * 16
     assert plan.sampling.temperature == 0.83 and plan.version == 5 and plan.step == 7
     assert plan.sampling.seed == step_seed(cfg.train.seed, 7, ROLLOUT)
-    later = request(cfg, task, data_iter, allocator, history, scheduler, 7, 5, round_=2)
+    later = planner.request(7, 5, round_=2)
     assert later.sampling.seed == step_seed(cfg.train.seed, 7, ROLLOUT, 2) != plan.sampling.seed
 
 
@@ -81,22 +83,13 @@ def test_dynamic_sampling_rounds_fill_the_batch_with_groups_that_have_a_signal(s
     solved = set(task.prompt_ids[::4].tolist())  # 7 of the 25 problems: all rewards 1
     engine = ScriptedEngine(task, solved)
 
-    def plan(step, version, round_=0):
-        return request(cfg, task, data_iter, allocator, history, scheduler, step, version, round_)
-
-    timings = {}
-    first_plan = plan(3, 2)
+    planner = Planner(cfg, task, data_iter, allocator, history, scheduler)
+    first_plan = planner.request(3, 2)
     completions = engine.generate(first_plan.requests, first_plan.sampling)
-    rewards, shares = score(task, completions, cfg.budget, timings)
-    out = resample(
-        cfg,
-        3,
-        task,
-        engine,
-        plan,
-        (rollouts_of(first_plan, completions), first_plan, rewards, shares),
-        timings,
-    )
+    taken = TakenBatch(first_plan, completions, None, None, None)
+    generated = Generated(rollouts_of(first_plan, completions), taken, {"time/generate": 1.0})
+    scored = score(task, completions, cfg.budget)
+    out = resample(cfg, 3, task, engine, planner, (generated, scored))
     # The oracle: walk the same data order (rounds of 16 rows), keep unsolved prompts once each,
     # in order, until 16 (uniform n = 8: every kept group fits, 16 x 8 = 128 rows).
     order = task.iterator(cfg.data.seed, cfg.train.prompts_per_step)
@@ -117,5 +110,8 @@ def test_dynamic_sampling_rounds_fill_the_batch_with_groups_that_have_a_signal(s
     assert [len(g["prompt_id"]) for _, _, g in out.drawn.parts] == [16] * rounds
     assert sum(int(g["count"].sum()) for _, _, g in out.drawn.parts) == 128 * rounds
     assert history.total_generated.sum() == 0  # recording is the record stage's job
+    # The further rounds' own timings (the first round's are the generate and score stages')
+    assert sorted(out.timings) == ["time/generate", "time/score"]
+    assert 0 < out.timings["time/score"] and 0 <= out.timings["time/generate"]
     correct = sum(int(g["correct"].sum()) for _, _, g in out.drawn.parts)
     assert out.drawn.rewards.sum() == correct

@@ -6,7 +6,8 @@ import numpy as np
 from dynamo_jax.allocation import AllocationResult
 from dynamo_jax.loop import assemble
 from dynamo_jax.loop.assemble import RolloutBatch
-from dynamo_jax.loop.report import UpdateResult, step_metrics
+from dynamo_jax.loop.generate import Drawn, Rollouts
+from dynamo_jax.loop.report import RunCounts, UpdateResult, step_metrics
 from dynamo_jax.rollout.protocol import Completion
 
 
@@ -27,21 +28,20 @@ def _completion(pid, n_tokens, reason="stop"):
 
 
 def _metrics(batch, groups, rewards):
+    allocation = AllocationResult(np.array([2, 2]), 0, {})
+    rollouts = Rollouts(np.array([0, 1]), False, allocation, [], 0.9)
+    drawn = Drawn([(np.array([0, 1]), False, groups)], rewards, {"reward/correct_share": 0.25})
     return step_metrics(
         16,
-        AllocationResult(np.array([2, 2]), 0, {}),
-        0.9,
+        rollouts,
+        drawn,
         batch,
-        (groups, rewards),
+        {"rollout/engine_logp_abs_diff": 0.125, "rollout/staleness": 1},
         UpdateResult(
             [{"loss": 1.0, "update_norm": 2.0}, {"loss": 3.0, "update_norm": 2.0}], [False, True]
         ),
-        {"reward/correct_share": 0.25},
         {"time/step": 2.0},
-        {"rollout/engine_logp_abs_diff": 0.125, "rollout/staleness": 1},
-        consecutive_nonfinite=1,
-        applied_updates=7,
-        epochs_completed=3,
+        RunCounts(consecutive_nonfinite=1, applied_updates=7, epochs_completed=3),
     )
 
 

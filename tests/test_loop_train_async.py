@@ -63,9 +63,9 @@ def _capture_updates(monkeypatch):
     batches = {}
     real_update = rl_step.update
 
-    def update(cfg, step, batch, *args, **kwargs):
+    def update(tr, step, batch):
         batches[step] = batch
-        return real_update(cfg, step, batch, *args, **kwargs)
+        return real_update(tr, step, batch)
 
     monkeypatch.setattr(rl_step, "update", update)
     return batches

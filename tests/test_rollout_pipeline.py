@@ -78,12 +78,17 @@ def _plan(step, version, n=(2, 3)):
     )
 
 
+def _fill(pipeline, step, params):
+    """The loop's request: the batches due, planned with the engine's version step - 1."""
+    pipeline.fill(step, [_plan(s, step - 1) for s in pipeline.due(step)], params)
+
+
 def _run(pipeline, engine, steps, params_of=lambda v: {"w": jnp.full(3, float(v))}):
     """The trainer's loop as the pipeline sees it: fill, take, push version `step`."""
     log = []
     for step in range(1, steps + 1):
         requested = len(engine.calls)
-        pipeline.fill(step, _plan, params_of(step - 1))
+        _fill(pipeline, step, params_of(step - 1))
         taken = pipeline.take(step)
         log.append((step, taken.plan.version, len(engine.calls) - requested))
         engine.update_weights(params_of(step), step)
@@ -113,7 +118,7 @@ def test_synchronous_pipeline_requests_and_takes_within_the_step():
 def test_a_batch_of_the_wrong_version_is_refused():
     engine = FakeEngine(version_offset=-1)  # reports the weights before the ones it was given
     pipeline = RolloutPipeline(engine, max_staleness=1, last_step=4, source="engine")
-    pipeline.fill(1, _plan, None)
+    _fill(pipeline, 1, None)
     with pytest.raises(StaleBatchError, match=r"weight version\(s\) \[-1\].*held version 0"):
         pipeline.take(1)
 
@@ -123,16 +128,16 @@ def test_a_batch_older_than_the_bound_is_refused():
     # a run allowed staleness 1: step 2's batch (1 behind) passes, step 3's (2 behind) does not.
     engine = FakeEngine()
     ahead = RolloutPipeline(engine, max_staleness=2, last_step=5, source="engine")
-    ahead.fill(1, _plan, None)
+    _fill(ahead, 1, None)
     ahead.take(1)
-    state = ahead.state_dict(behaviour=None)
+    state = ahead.state_dict(None)
     engine.update_weights(None, 1)
     strict = RolloutPipeline(engine, max_staleness=1, last_step=5, source="engine")
     strict.load_state_dict(state)
-    strict.fill(2, _plan, None)
+    _fill(strict, 2, None)
     assert strict.take(2).plan.version == 0
     engine.update_weights(None, 2)
-    strict.fill(3, _plan, None)
+    _fill(strict, 3, None)
     with pytest.raises(StaleBatchError, match="version 0, 2 versions behind the trainer's 2"):
         strict.take(3)
 
@@ -143,7 +148,25 @@ def test_the_engine_must_hold_the_pushed_version():
     with pytest.raises(
         StaleBatchError, match="engine holds weight version 0, the trainer pushed 1"
     ):
-        pipeline.fill(2, _plan, None)
+        _fill(pipeline, 2, None)
+
+
+def test_only_the_batches_due_are_requested():
+    """`fill` takes the plans of exactly the steps `due` names: up to step + k, not past the
+    last step, none requested twice."""
+    engine = FakeEngine()
+    pipeline = RolloutPipeline(engine, max_staleness=2, last_step=4, source="engine")
+    assert list(pipeline.due(1)) == [1, 2, 3]
+    with pytest.raises(RuntimeError, match=r"plans for steps \[1, 2\], but steps \[1, 2, 3\]"):
+        pipeline.fill(1, [_plan(1, 0), _plan(2, 0)], None)
+    _fill(pipeline, 1, None)
+    pipeline.take(1)
+    engine.update_weights(None, 1)
+    assert list(pipeline.due(2)) == [4]  # 2 and 3 are in flight; 5 is past the last step
+    _fill(pipeline, 2, None)
+    pipeline.take(2)
+    engine.update_weights(None, 2)
+    assert list(pipeline.due(3)) == []  # 3 and 4 are in flight; 4 is the last step
 
 
 def test_parameter_copies_of_in_flight_versions():
@@ -152,24 +175,24 @@ def test_parameter_copies_of_in_flight_versions():
     engine = FakeEngine()
     pipeline = RolloutPipeline(engine, max_staleness=2, last_step=5, source="trainer")
     current = {"w": jnp.zeros(3)}
-    pipeline.fill(1, _plan, current)
+    _fill(pipeline, 1, current)
     assert pipeline.kept_versions == [0]  # batches 2 and 3 are trained later
     taken = pipeline.take(1)
     assert taken.behaviour_params is not None  # version 0's copy, still needed by 2 and 3
     current["w"].delete()  # as the update's donation does
     engine.update_weights(None, 1)
     current = {"w": jnp.ones(3)}
-    pipeline.fill(2, _plan, current)  # batch 4 by version 1
+    _fill(pipeline, 2, current)  # batch 4 by version 1
     taken = pipeline.take(2)
     np.testing.assert_array_equal(taken.behaviour_params["w"], np.zeros(3))
     assert pipeline.kept_versions == [0, 1]
     engine.update_weights(None, 2)
-    pipeline.fill(3, _plan, {"w": jnp.full(3, 2.0)})  # batch 5 by version 2
+    _fill(pipeline, 3, {"w": jnp.full(3, 2.0)})  # batch 5 by version 2
     taken = pipeline.take(3)  # the last batch of version 0
     np.testing.assert_array_equal(taken.behaviour_params["w"], np.zeros(3))
     assert pipeline.kept_versions == [1, 2]
     engine.update_weights(None, 3)
-    pipeline.fill(4, _plan, None)
+    _fill(pipeline, 4, None)
     np.testing.assert_array_equal(pipeline.take(4).behaviour_params["w"], np.ones(3))
     assert pipeline.kept_versions == [2]
 
@@ -198,17 +221,18 @@ def test_checkpoint_payload_round_trips_through_orbax(tmp_path):
     kept copy) come back exactly from a real checkpoint."""
     engine = FakeEngine()
     reference = RolloutPipeline(engine, max_staleness=2, last_step=6, source="trainer")
-    reference.fill(1, _plan, {"w": jnp.full(3, 0.5)})
+    _fill(reference, 1, {"w": jnp.full(3, 0.5)})
     reference.take(1)
     seen = []
 
-    def behaviour(plan, completions, params):
-        seen.append((plan.step, float(params["w"][0])))
-        return Behaviour(np.full((4, 3), plan.step / 3, np.float32), f"layout{plan.step}")
+    class Behaviours:  # the loop's side of the BehaviourSource protocol
+        def behaviour(self, plan, completions, params):
+            seen.append((plan.step, float(params["w"][0])))
+            return Behaviour(np.full((4, 3), plan.step / 3, np.float32), f"layout{plan.step}")
 
     ckpt = Checkpointer(tmp_path, CheckpointConfig())
     device = {name: {"x": jnp.zeros(2)} for name in DEVICE_ITEMS}
-    host = {"pipeline": reference.state_dict(behaviour)}
+    host = {"pipeline": reference.state_dict(Behaviours())}
     ckpt.save(1, device=device, host=host, meta={})
     restored = ckpt.restore(1, {"params": {"x": jax.ShapeDtypeStruct((2,), jnp.float32)}})
     ckpt.close()
@@ -231,17 +255,17 @@ def test_background_generation_does_not_block_the_trainer():
     engine.gate = threading.Event()
     background = BackgroundEngine(engine)
     pipeline = RolloutPipeline(background, max_staleness=1, last_step=3, source="engine")
-    pipeline.fill(1, _plan, None)  # returns at once although generation is held up
+    _fill(pipeline, 1, None)  # returns at once although generation is held up
     assert engine.calls == []
     background.update_weights(None, 1)  # queued behind both generations
     assert background.weight_version == 1 and engine.weight_version == 0
     engine.gate.set()
     taken = pipeline.take(1)
     assert taken.plan.version == 0 and taken.generate_s >= 0
-    pipeline.fill(2, _plan, None)  # batch 3, by version 1
+    _fill(pipeline, 2, None)  # batch 3, by version 1
     assert pipeline.take(2).plan.version == 0
     background.update_weights(None, 2)
-    pipeline.fill(3, _plan, None)
+    _fill(pipeline, 3, None)
     assert pipeline.take(3).plan.version == 1
     assert [v for _, v in engine.calls] == [0, 0, 1]
     background.close()

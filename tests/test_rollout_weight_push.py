@@ -17,7 +17,7 @@ import torch
 
 from dynamo_jax.errors import SidecarError
 from dynamo_jax.rollout import sidecar_server, weight_push, wire
-from dynamo_jax.rollout.sidecar_client import compare_fingerprints
+from dynamo_jax.rollout.weight_push import compare_fingerprints
 
 
 def test_shard_region_hand_worked():

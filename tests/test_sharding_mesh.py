@@ -16,6 +16,7 @@ from dynamo_jax.sharding.rules import (
     fit_spec,
     opt_state_shardings,
     param_shardings,
+    row_shards,
 )
 
 
@@ -128,3 +129,17 @@ def test_batch_sharding_requires_whole_sequences_per_device(mesh_124):
         batch_sharding(mesh_124, DEFAULT_RULES, batch_size=3, ndim=2)
     x = jax.device_put(np.arange(8.0).reshape(4, 2), sharding)
     assert isinstance(x.sharding, NamedSharding) and len(x.addressable_shards) == 8
+
+
+def test_row_shards_of_a_config_and_of_its_built_mesh_agree(mesh_124):
+    """The one count of the ways a batch's rows split (the act_batch axes, data x fsdp by
+    default), from a config before anything is built and from the mesh built for it."""
+    assert row_shards(MeshConfig(shape=(1, -1, 2)).axis_sizes(16), DEFAULT_RULES) == 8
+    assert row_shards(MeshConfig(shape=(2, 2, 4)).axis_sizes(16), DEFAULT_RULES) == 4
+    assert row_shards(mesh_124.shape, DEFAULT_RULES) == 2  # (data, fsdp) = (1, 2), tensor 4
+    config = MeshConfig(shape=(2, -1, 2))
+    built = build_mesh(config)
+    assert row_shards(built.shape, config.rules) == row_shards(config.axis_sizes(8), config.rules)
+    assert row_shards(built.shape, config.rules) == 4
+    batch_only = (("act_batch", "data"),) + tuple(r for r in DEFAULT_RULES if r[0] != "act_batch")
+    assert row_shards(built.shape, batch_only) == 2

@@ -52,8 +52,8 @@ def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):
         batch_size=layout.max_rows,
         micro_batches=layout.max_micro_batches,
     )
-    rows, _ = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
-    assert rows["on_policy"] == 0.0  # layout_rows' default: the update reads old_logp
+    rows, _ = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    assert rows["on_policy"] == 0.0  # lay_out's default: the update reads old_logp
     rows["on_policy"] = np.float32(on_policy)
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
@@ -68,7 +68,7 @@ def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
     loss_cfg = LossConfig.preset(loss)
     # With the pass: π_old from the trainer's forward over the batch (what loop/rl_step.py does).
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    with_pass = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {})
+    with_pass = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
     ref_m, ref_g = _step(cfg, params, with_pass, layout, loss_cfg, on_policy=False)
     # Without: old_logp is garbage and must not matter.
     garbage = dataclasses.replace(
@@ -172,9 +172,9 @@ def test_the_pass_over_some_rows_is_the_whole_pass_on_them(tiny3):
     cfg, params = tiny3
     rollouts, _, _ = make_rollouts(cfg, params)
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    whole = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {})
+    whole = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
     seqs = np.array([0, 3, 4, 5, 9, 10, 14])  # 5: the empty row
-    part = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {}, seqs)
+    part = behaviour_pass.old_logprobs(rollouts, logprob, params, None, seqs)
     left_out = np.setdiff1d(np.arange(N_SEQ), seqs)
     trained = rollouts.loss_mask[seqs] > 0
     assert trained.sum() > 20
@@ -196,9 +196,9 @@ def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, 
     scored_rows = []
     whole_pass = behaviour_pass.old_logprobs
 
-    def spy(batch, logprob, params, ref_params, timings, seqs=None):
+    def spy(batch, logprob, params, ref_params, seqs=None):
         scored_rows.append(None if seqs is None else np.asarray(seqs))
-        return whole_pass(batch, logprob, params, ref_params, timings, seqs)
+        return whole_pass(batch, logprob, params, ref_params, seqs)
 
     monkeypatch.setattr(behaviour_pass, "old_logprobs", spy)
     runs = {}
@@ -245,9 +245,9 @@ def test_a_run_with_the_engines_old_logp_and_no_pass(tmp_path, monkeypatch):
     passes = []
     whole_pass = behaviour_pass.old_logprobs
 
-    def spy(batch, logprob, params, ref_params, timings, seqs=None):
+    def spy(batch, logprob, params, ref_params, seqs=None):
         passes.append(seqs)
-        return whole_pass(batch, logprob, params, ref_params, timings, seqs)
+        return whole_pass(batch, logprob, params, ref_params, seqs)
 
     monkeypatch.setattr(behaviour_pass, "old_logprobs", spy)
     runs = {}

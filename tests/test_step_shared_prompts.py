@@ -62,7 +62,7 @@ def _step(cfg, params, rollouts, layout, loss_cfg):
         micro_batches=layout.max_micro_batches,
         shared_prompts=layout.shared_prompts,
     )
-    rows, plan = assemble.layout_rows(rollouts, np.arange(ROWS), layout, tuple(batch_sh))
+    rows, plan = assemble.lay_out(rollouts, np.arange(ROWS), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     return {k: float(v) for k, v in metrics.items()}, jax.tree.leaves(new_state.opt_state), rows
@@ -104,7 +104,7 @@ def test_the_logprob_pass_with_shared_prompts_equals_the_unshared_one(tiny3):
     for name, layout in (("unshared", UNSHARED), ("shared", SHARED_ACCUMULATED)):
         logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, layout)
         assert ("prompt_table" in logprob.batch_shardings) == (layout.prompt_slots > 0)
-        runs[name] = behaviour_pass.old_logprobs(rollouts, logprob, params, None, {})
+        runs[name] = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
     trained = rollouts.loss_mask > 0
     assert trained.sum() > 60
     for field in ("old_logp", "entropy"):
@@ -121,7 +121,7 @@ def test_rows_said_to_share_a_prompt_must_hold_the_same_one(tiny3):
     bad = dataclasses.replace(rollouts, tokens=tokens)
     fields = ("tokens", "prompt_table", "prompt_source")
     with pytest.raises(ValueError, match="rows 6 and 4 .* same prompt id but different prompt"):
-        assemble.layout_rows(bad, np.arange(ROWS), SHARED, fields)
+        assemble.lay_out(bad, np.arange(ROWS), SHARED, fields)
 
 
 def _run_config(**train):
@@ -140,8 +140,8 @@ def test_share_prompts_needs_unpacked_rows():
     with pytest.raises(ValueError, match="share_prompts needs train.packing = False"):
         from_config_dict(_run_config(packing=True, share_prompts=True))
     cfg = from_config_dict(_run_config(share_prompts=True))
-    update, logprob = behaviour_pass.row_layouts(cfg, 1)
-    assert update.shared_prompts == logprob.shared_prompts == (16, 16)  # prompts_per_step 16
+    layouts = assemble.step_layouts(cfg, 1)
+    assert layouts.update.shared_prompts == layouts.logprob_pass.shared_prompts == (16, 16)
 
 
 def test_a_run_with_shared_prompts_trains_like_one_without(tmp_path):

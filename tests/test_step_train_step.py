@@ -302,7 +302,7 @@ def _layout_step(cfg, params, rollouts, layout, loss_cfg, mesh_shape):
         batch_size=layout.max_rows,
         micro_batches=layout.max_micro_batches,
     )
-    rows, plan = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    rows, plan = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     grads = jax.tree.map(np.asarray, new_state.opt_state)
@@ -389,7 +389,7 @@ def test_packed_forward_and_backward_equal_padded(setups):
     fields = ("tokens", "positions", "segment_ids", "loss_mask", "temperature")
     out = {}
     for name, layout in (("padded", PADDED), ("packed", PACKED)):
-        rows, plan = assemble.layout_rows(rollouts, np.arange(N_SEQ), layout, fields)
+        rows, plan = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, fields)
         c, d = plan.scatter(cot[0]), plan.scatter(cot[1])
 
         def f(p, rows=rows, c=c, d=d):
@@ -423,7 +423,7 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
     logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
     placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
     got = behaviour_pass.old_logprobs(
-        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None, {}
+        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None
     )
     scored = rollouts.loss_mask > 0
     for x, want in ((got.old_logp, want_logp), (got.entropy, want_ent)):

@@ -7,7 +7,9 @@ In the order a step runs them (rl_step.py calls them so; docs/design.md#one-step
   rows of a row layout the jitted functions take;
 - behaviour_pass.py: π_old (the behaviour policy's log-probs), the entropy and π_ref per token;
 - rl_step.py: `rl_step` runs the stages above, then `update` (the optimizer steps) and `record`
-  (allocator history, temperature scheduler);
+  (allocator history, temperature scheduler), and returns a `StepOutcome`;
+- report.py: the step's metrics line (`step_metrics`); timings.py: each stage's result carries
+  its own timings (`Stopwatch`), which the step adds up (`add_timings`);
 - build.py: `build_trainer`, everything built once from the config (`Trainer`);
 - train.py: `run`, the steps with checkpoints, evaluation, the failure policy and the summary;
   `dry_run`, the sharding planner on this config.

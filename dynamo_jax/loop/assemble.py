@@ -8,16 +8,20 @@ immutable and host-side (NumPy), and always has `rows` rows (the step's budget B
 allocator reports a shortfall the missing rows are padding (`valid` False, loss_mask 0,
 advantage 0).
 
-The jitted functions take rows of a `RowLayout` (data/packing.py) instead: `layout_rows` lays a
+The jitted functions take rows of a `RowLayout` (data/packing.py) instead, one for the update's
+mini-batches and one for the log-prob pass (`StepLayouts`, fixed once per run by `step_layouts`
+and kept by the `Trainer`, loop/build.py): `lay_out` lays a
 set of the batch's sequences (the whole batch for the old-log-prob pass, one shuffled mini-batch
 for an update) into rows, packed several to a row or one per row, with the per-token fields of
-step/forward.py's convention; `RowPlan.gather` brings per-token outputs back to the batch's rows.
+step/forward.py's convention, and returns the `RowPlan`: where each sequence went, whose `gather`
+brings per-token outputs back to the batch's rows.
 Every process of a multi-process run holds the whole batch and builds the same rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -28,6 +32,41 @@ from dynamo_jax.config import RunConfig
 from dynamo_jax.data.packing import RowLayout, RowPlan
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.rollout.protocol import Completion
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayouts:
+    """The two row layouts of a run's steps (built once: loop/build.py `Trainer.layouts`)."""
+
+    update: RowLayout  # a mini-batch of the update: mini_batch_size sequences
+    logprob_pass: RowLayout  # the old-log-prob pass: the whole budget
+
+
+def step_layouts(cfg: RunConfig, row_shards: int) -> StepLayouts:
+    """The update's and the old-log-prob pass's row layouts for `row_shards` ways of splitting a
+    batch's rows (sharding/rules.py `row_shards`): rows of train.pack_len tokens (default the
+    run's max_seq_len), packed or one sequence per row, in micro-batches of the token budget's
+    rows (max_tokens_per_micro_batch // row length per device) or of mini_batch_size /
+    micro_batches rows. A layout the mesh cannot split is a ValueError (RowLayout)."""
+    train = cfg.train
+    row_len = train.pack_len or cfg.max_seq_len
+    if train.max_tokens_per_micro_batch:
+        micro_rows = row_shards * (train.max_tokens_per_micro_batch // row_len)
+    else:
+        micro_rows = train.mini_batch_size // train.micro_batches
+    shared = {}
+    if train.share_prompts:
+        # A micro-batch holds at most the step's prompts. Dynamic sampling draws more rounds,
+        # so there the table has room for a prompt per row and the prompts' stream is as long
+        # as the rows' prompt slots: correct, but it saves nothing (docs/algorithm.md).
+        groups = micro_rows if train.dynamic_sampling else min(micro_rows, train.prompts_per_step)
+        shared = dict(prompt_slots=cfg.data.max_prompt_tokens, prompt_groups=groups)
+    layout = functools.partial(
+        RowLayout, row_len, train.packing, micro_rows, row_shards=row_shards, **shared
+    )
+    return StepLayouts(
+        layout(max_sequences=train.mini_batch_size), layout(max_sequences=cfg.budget)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +94,12 @@ class RolloutBatch:
     @property
     def rows(self) -> int:
         return len(self.valid)
+
+    @property
+    def entropy_mean(self) -> float:
+        """Mean token entropy over the trained tokens (NaN if there are none)."""
+        mask = self.loss_mask > 0
+        return float(self.entropy[mask].mean()) if mask.any() else float("nan")
 
 
 def pack_rollouts(
@@ -186,7 +231,7 @@ _DERIVED_FIELDS = {
 }
 
 
-def layout_rows(
+def lay_out(
     batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout, fields: Sequence[str]
 ) -> tuple[dict[str, np.ndarray], RowPlan]:
     """The sequences `seqs` (rows of `batch`, in mini-batch order) as `layout`'s rows.

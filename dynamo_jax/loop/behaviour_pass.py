@@ -1,4 +1,4 @@
-"""The trainer's log-prob passes over a rollout batch, and the row layouts they and the update use.
+"""The trainer's log-prob passes over a rollout batch.
 
 `old_logprobs` runs the trainer's forward (step/forward.py) over a batch's sequences laid into
 rows (packed or one per row, data/packing.py): log π, the entropy H and, with a KL term, log π_ref
@@ -7,51 +7,31 @@ denominator: π_old is the policy that generated the batch (docs/algorithm.md#as
 trainer's current policy when the batch is on-policy, else the generating version's kept
 parameters, its log-probs saved in a checkpoint, or the engine's own log-probs
 (rollout/pipeline.py says which). `without_logprob_pass` is the batch of a step that needs no pass.
+Both return a `LogprobPass`, which carries the stage's timings. `BehaviourAhead` answers the
+pipeline's one question to the loop (rollout/pipeline.py `BehaviourSource`): log π_v of a batch
+still in flight at a checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
+from dynamo_jax import tasks
 from dynamo_jax.config import RunConfig
-from dynamo_jax.data.packing import RowLayout
 from dynamo_jax.loop import assemble
-from dynamo_jax.loop.assemble import RolloutBatch
-from dynamo_jax.loop.report import timed as _timed
+from dynamo_jax.loop.assemble import RolloutBatch, build_batch
+from dynamo_jax.loop.timings import Stopwatch
 from dynamo_jax.losses import rollout_correction
-from dynamo_jax.rollout.pipeline import RolloutPipeline, TakenBatch
+from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline, TakenBatch
+from dynamo_jax.rollout.protocol import Completion
 from dynamo_jax.sharding import multihost
 from dynamo_jax.step.forward import LogprobFn
-
-
-def row_layouts(cfg: RunConfig, data_shards: int) -> tuple[RowLayout, RowLayout]:
-    """(update, old-log-prob pass) row layouts: rows of train.pack_len tokens (default the run's
-    max_seq_len), packed or one sequence per row, in micro-batches of the token budget's rows
-    (max_tokens_per_micro_batch // row length per device) or of mini_batch_size / micro_batches
-    rows; a mini-batch holds mini_batch_size sequences, the log-prob pass the whole budget."""
-    train = cfg.train
-    row_len = train.pack_len or cfg.max_seq_len
-    if train.max_tokens_per_micro_batch:
-        micro_rows = data_shards * (train.max_tokens_per_micro_batch // row_len)
-    else:
-        micro_rows = train.mini_batch_size // train.micro_batches
-    shared = {}
-    if train.share_prompts:
-        # A micro-batch holds at most the step's prompts. Dynamic sampling draws more rounds,
-        # so there the table has room for a prompt per row and the prompts' stream is as long
-        # as the rows' prompt slots: correct, but it saves nothing (docs/algorithm.md).
-        groups = micro_rows if train.dynamic_sampling else min(micro_rows, train.prompts_per_step)
-        shared = dict(prompt_slots=cfg.data.max_prompt_tokens, prompt_groups=groups)
-    layout = functools.partial(
-        RowLayout, row_len, train.packing, micro_rows, row_shards=data_shards, **shared
-    )
-    return layout(max_sequences=train.mini_batch_size), layout(max_sequences=cfg.budget)
 
 
 def old_logprobs(
@@ -59,7 +39,6 @@ def old_logprobs(
     logprob: LogprobFn,
     params: Any,
     ref_params: Any,
-    timings: dict,
     seqs: np.ndarray | None = None,
 ) -> RolloutBatch:
     """The batch with π_old's (and π_ref's) log-probs and π_old's entropy at its temperature,
@@ -67,26 +46,25 @@ def old_logprobs(
 
     `seqs`: the rows to score (default all of them); the others' values are NaN, so that a
     reader that should not have read them (the on-policy first update) shows it."""
-    with _timed(timings, "old_logprobs"):
-        scored = np.arange(batch.rows) if seqs is None else np.asarray(seqs, np.int64)
-        rows, plan = assemble.layout_rows(batch, scored, logprob.layout, logprob.batch_shardings)
-        # Each process feeds its own rows; outputs come back whole to every process.
-        model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
-        width = batch.tokens.shape[1]
+    scored = np.arange(batch.rows) if seqs is None else np.asarray(seqs, np.int64)
+    rows, plan = assemble.lay_out(batch, scored, logprob.layout, logprob.batch_shardings)
+    # Each process feeds its own rows; outputs come back whole to every process.
+    model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
+    width = batch.tokens.shape[1]
 
-        def back(x):
-            values = plan.gather(multihost.host_copy(x), width, 0.0)
-            if seqs is None:
-                return values
-            out = np.full((batch.rows, width), np.nan, values.dtype)
-            out[scored] = values
-            return out
+    def back(x):
+        values = plan.gather(multihost.host_copy(x), width, 0.0)
+        if seqs is None:
+            return values
+        out = np.full((batch.rows, width), np.nan, values.dtype)
+        out[scored] = values
+        return out
 
-        logp, ent = logprob(params, model_in)
-        ref_logp = None
-        if ref_params is not None:
-            ref_logp = back(logprob(ref_params, model_in)[0])
-        old_logp, entropy = back(logp), back(ent)
+    logp, ent = logprob(params, model_in)
+    ref_logp = None
+    if ref_params is not None:
+        ref_logp = back(logprob(ref_params, model_in)[0])
+    old_logp, entropy = back(logp), back(ent)
     return dataclasses.replace(batch, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
 
 
@@ -105,17 +83,32 @@ def _masked_abs_diff_max(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> floa
     return float(diff.max()) if diff.size else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainerForward:
+    """The trainer's log-prob function and the parameters it scores a batch with: its current
+    ones (version step − 1) and, with a KL term, the frozen reference's."""
+
+    logprob: LogprobFn
+    params: Any
+    ref_params: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobPass:
+    """The log-prob stage's result: the batch with π_old (entropy, π_ref) and its metrics."""
+
+    batch: RolloutBatch
+    metrics: dict  # rollout/* (engine-vs-trainer diff, staleness, behaviour-vs-engine diff)
+    timings: Mapping[str, float]  # time/old_logprobs, time/behaviour_logprobs (those that ran)
+
+
 def behaviour_logprobs(
     pipeline: RolloutPipeline,
-    step: int,
     batch: RolloutBatch,
     taken: TakenBatch,
-    logprob: LogprobFn,
-    params: Any,
-    ref_params: Any,
-    timings: dict,
+    forward: TrainerForward,
     seqs: np.ndarray | None = None,
-) -> tuple[RolloutBatch, dict]:
+) -> LogprobPass:
     """The batch with π_old = the behaviour policy that sampled it (rollout/pipeline.py), the
     current policy's entropy (and π_ref), and the log-prob metrics.
 
@@ -124,9 +117,12 @@ def behaviour_logprobs(
     `seqs`: score only these rows (the others NaN: RunConfig.first_update_on_policy), which
     only an on-policy batch allows.
     """
+    step = taken.plan.step
     if seqs is not None and pipeline.report_behaviour:
         raise ValueError("only an on-policy batch can leave rows out of the log-prob pass")
-    batch = old_logprobs(batch, logprob, params, ref_params, timings, seqs)
+    with Stopwatch() as clock:
+        batch = old_logprobs(batch, forward.logprob, forward.params, forward.ref_params, seqs)
+    timings = {"time/old_logprobs": clock.seconds}
     mask = batch.loss_mask
     if seqs is not None:
         mask = np.zeros_like(mask)
@@ -141,7 +137,7 @@ def behaviour_logprobs(
     }
     version = taken.plan.version
     if not pipeline.report_behaviour:
-        return batch, metrics  # synchronous, π_old from the trainer: the batch as it is
+        return LogprobPass(batch, metrics, timings)  # synchronous, π_old from the trainer
     if pipeline.from_engine:
         # Off the trained tokens the engine has no log-probs; the values there are never read.
         behaviour = np.where(mask > 0, batch.engine_logp, batch.old_logp)
@@ -155,8 +151,9 @@ def behaviour_logprobs(
             )
         behaviour = taken.behaviour.logp
     elif taken.behaviour_params is not None:
-        with _timed(timings, "behaviour_logprobs"):
-            behaviour = old_logprobs(batch, logprob, taken.behaviour_params, None, {}).old_logp
+        with Stopwatch() as clock:
+            behaviour = old_logprobs(batch, forward.logprob, taken.behaviour_params, None).old_logp
+        timings["time/behaviour_logprobs"] = clock.seconds
     else:
         raise RuntimeError(
             f"step {step}: π_old of weight version {version} cannot be recomputed: neither its "
@@ -167,7 +164,7 @@ def behaviour_logprobs(
     metrics["rollout/behaviour_logp_abs_diff"] = _masked_abs_diff(
         behaviour, batch.engine_logp, mask
     )
-    return dataclasses.replace(batch, old_logp=behaviour), metrics
+    return LogprobPass(dataclasses.replace(batch, old_logp=behaviour), metrics, timings)
 
 
 # One compiled program per correction config and batch shape.
@@ -190,12 +187,8 @@ def corrected(
 
 
 def without_logprob_pass(
-    pipeline: RolloutPipeline,
-    step: int,
-    batch: RolloutBatch,
-    taken: TakenBatch,
-    from_engine: bool,
-) -> tuple[RolloutBatch, dict]:
+    pipeline: RolloutPipeline, batch: RolloutBatch, taken: TakenBatch, from_engine: bool
+) -> LogprobPass:
     """The batch and log-prob metrics of a step that runs no log-prob pass
     (RunConfig.skips_logprob_pass): π_old is the engine's log-probs (`from_engine`:
     RunConfig.old_logp_from_engine_only; 0 off the trained tokens, where it is never read), or
@@ -207,11 +200,22 @@ def without_logprob_pass(
     old_logp = batch.engine_logp if from_engine else unknown
     metrics = {}
     if pipeline.report_behaviour:
-        metrics["rollout/staleness"] = (step - 1) - taken.plan.version
-    return dataclasses.replace(batch, old_logp=old_logp, entropy=unknown), metrics
+        metrics["rollout/staleness"] = (taken.plan.step - 1) - taken.plan.version
+    return LogprobPass(dataclasses.replace(batch, old_logp=old_logp, entropy=unknown), metrics, {})
 
 
-def row_shards(sharding: Any) -> int:
-    """How many ways a batch sharding splits rows (the act_batch axes' mesh size)."""
-    n = sharding.mesh.size
-    return n // sharding.shard_shape((n,))[0]
+@dataclasses.dataclass(frozen=True)
+class BehaviourAhead:
+    """rollout/pipeline.py's `BehaviourSource`: log π_v of a batch in flight at a checkpoint,
+    from its version's kept parameters, on the layout `build_batch` will give it."""
+
+    cfg: RunConfig
+    task: tasks.Task
+    logprob: LogprobFn
+
+    def behaviour(self, plan: BatchPlan, completions: list[Completion], params: Any) -> Behaviour:
+        zeros = np.zeros(self.cfg.budget, np.float32)  # the layout does not depend on rewards
+        batch = build_batch(self.cfg, self.task, completions, plan.temperature, zeros)
+        return Behaviour(
+            old_logprobs(batch, self.logprob, params, None).old_logp, layout_key(batch)
+        )

@@ -20,13 +20,14 @@ from dynamo_jax.allocation import make_allocator, make_history
 from dynamo_jax.allocation.history import PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.engine_factory import build_engine
-from dynamo_jax.loop.assemble import build_batch
-from dynamo_jax.loop.behaviour_pass import layout_key, old_logprobs, row_layouts
+from dynamo_jax.loop.assemble import StepLayouts, step_layouts
+from dynamo_jax.loop.behaviour_pass import BehaviourAhead
 from dynamo_jax.rollout.background import BackgroundCapable, BackgroundEngine
-from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline
+from dynamo_jax.rollout.pipeline import RolloutPipeline
 from dynamo_jax.rollout.protocol import RolloutEngine
 from dynamo_jax.sharding.mesh import build_mesh
-from dynamo_jax.step.forward import LogprobFn, data_shards, make_logprob_fn
+from dynamo_jax.sharding.rules import row_shards
+from dynamo_jax.step.forward import LogprobFn, make_logprob_fn
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.step.state import TrainState, init_train_state, train_state_from_params
 from dynamo_jax.step.train_step import TrainStep, make_train_step
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything built once from the config; `rl_step` advances it by one step."""
+    """Everything built once from the config, and the run's state between steps: `rl_step`
+    reads it and returns a `StepOutcome`, which the run (train.py) takes in (`advance`)."""
 
     cfg: RunConfig
     mesh: Any
@@ -47,13 +49,20 @@ class Trainer:
     history: PromptHistory
     scheduler: TemperatureScheduler
     data_iter: Any  # data.EpochIterator
-    train_step: TrainStep
-    logprob: LogprobFn
+    layouts: StepLayouts  # the update's and the log-prob pass's row layouts
+    train_step: TrainStep  # built for layouts.update
+    logprob: LogprobFn  # built for layouts.logprob_pass
     state: TrainState
     pipeline: RolloutPipeline  # the batches requested and not yet trained on
     ref_params: Any = None  # frozen reference policy, only when the loss has a KL term
     consecutive_nonfinite: int = 0
     skipped_updates: int = 0
+
+    def advance(self, state: TrainState, consecutive_nonfinite: int, skipped_updates: int) -> None:
+        """Take in a step's outcome (rl_step.py `StepOutcome`)."""
+        self.state = state
+        self.consecutive_nonfinite = consecutive_nonfinite
+        self.skipped_updates = skipped_updates
 
     # -- checkpoint payload -------------------------------------------------------------
     def host_state(self) -> dict:
@@ -69,7 +78,8 @@ class Trainer:
         if self.cfg.train.max_staleness:
             # Waits for the batches in flight (and computes their π_old); every process calls
             # this at the same point, so the collectives inside line up.
-            host["pipeline"] = self.pipeline.state_dict(self._behaviour_ahead)
+            ahead = BehaviourAhead(self.cfg, self.task, self.logprob)
+            host["pipeline"] = self.pipeline.state_dict(ahead)
         return host
 
     def load_host_state(self, host: dict) -> None:
@@ -82,14 +92,6 @@ class Trainer:
         self.skipped_updates = int(host["loop"]["skipped_updates"])
         if "pipeline" in host:  # a run with max_staleness 0 wrote none
             self.pipeline.load_state_dict(host["pipeline"])
-
-    def _behaviour_ahead(self, plan: BatchPlan, completions: list, params: Any) -> Behaviour:
-        """log π_v of a batch in flight, from its version's parameters, on its batch layout."""
-        zeros = np.zeros(self.cfg.budget, np.float32)  # the layout does not depend on rewards
-        batch = build_batch(self.cfg, self.task, completions, plan.temperature, zeros)
-        return Behaviour(
-            old_logprobs(batch, self.logprob, params, None, {}).old_logp, layout_key(batch)
-        )
 
 
 def _mesh_devices(shape: tuple[int, ...]) -> list:
@@ -107,17 +109,17 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     mesh = build_mesh(cfg.mesh, _mesh_devices(cfg.mesh.shape))
     task = tasks.build_task(cfg)
     optimizer = make_optimizer(cfg.optim, cfg.total_updates)
-    train_layout, logprob_layout = row_layouts(cfg, data_shards(mesh, cfg.mesh.rules))
+    layouts = step_layouts(cfg, row_shards(mesh.shape, cfg.mesh.rules))
     train_step = make_train_step(
         cfg.model,
         cfg.loss,
         optimizer,
         mesh,
         cfg.mesh.rules,
-        batch_size=train_layout.max_rows,
-        micro_batches=train_layout.max_micro_batches,
+        batch_size=layouts.update.max_rows,
+        micro_batches=layouts.update.max_micro_batches,
         seed=cfg.train.seed,
-        shared_prompts=train_layout.shared_prompts,
+        shared_prompts=layouts.update.shared_prompts,
         is_weights=cfg.train.rollout_correction.weights,
     )
     if cfg.init.checkpoint:
@@ -130,7 +132,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
     else:
         # the seed, not a key: the key is made inside the state's one init program
         state = init_train_state(cfg.model, optimizer, mesh, cfg.mesh.rules, cfg.train.seed)
-    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, logprob_layout)
+    logprob = make_logprob_fn(cfg.model, mesh, cfg.mesh.rules, layouts.logprob_pass)
     ref_params = None
     if cfg.loss.kl != "none":
         # A frozen copy: the train step donates `state`, so the reference needs its own buffers.
@@ -147,6 +149,7 @@ def build_trainer(cfg: RunConfig, workdir: Path) -> Trainer:
         history=make_history(cfg.allocation, task.num_prompts),
         scheduler=TemperatureScheduler(cfg.temperature),
         data_iter=task.iterator(cfg.data.seed, cfg.train.prompts_per_step),
+        layouts=layouts,
         train_step=train_step,
         logprob=logprob,
         state=state,

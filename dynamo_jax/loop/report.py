@@ -1,4 +1,4 @@
-"""The step's metrics line (metrics.jsonl, TensorBoard, the progress bar), and stage timings.
+"""The step's metrics line (metrics.jsonl, TensorBoard, the progress bar).
 
 `step_metrics` gathers what every stage of the step (loop/rl_step.py) produced into one flat dict
 of host scalars: the update's loss metrics (averaged over its optimizer updates), timings, verdict
@@ -8,25 +8,17 @@ the log-prob comparison of trainer and engine (rollout/pipeline.py explains the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dynamo_jax.allocation import AllocationResult
 
-if TYPE_CHECKING:  # annotations only: assemble builds the batch, this module only reads it
+if TYPE_CHECKING:  # annotations only: the stages build these values, this module reads them
     from dynamo_jax.loop.assemble import RolloutBatch
-
-
-@contextlib.contextmanager
-def timed(timings: dict, name: str):
-    """Seconds spent in the block, as `timings["time/<name>"]`."""
-    start = time.perf_counter()
-    yield
-    timings[f"time/{name}"] = time.perf_counter() - start
+    from dynamo_jax.loop.generate import Drawn, Rollouts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +27,7 @@ class UpdateResult:
 
     metrics: list[dict]  # one dict of host scalars per optimizer update
     skipped: list[bool]  # per update: a non-finite loss or gradient, not applied
-
-
-def entropy_mean(batch: RolloutBatch) -> float:
-    """Mean token entropy over the trained tokens (NaN if there are none)."""
-    mask = batch.loss_mask > 0
-    return float(batch.entropy[mask].mean()) if mask.any() else float("nan")
+    timings: Mapping[str, float] = dataclasses.field(default_factory=dict)  # time/update
 
 
 def _mean(x: np.ndarray) -> float:
@@ -69,32 +56,37 @@ def _allocation_metrics(n: np.ndarray, g_max: int, result: AllocationResult) -> 
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class RunCounts:
+    """The run's counters after the step, as its metrics line reports them."""
+
+    consecutive_nonfinite: int  # skipped updates in a row
+    applied_updates: int  # the train state's step
+    epochs_completed: int  # passes over the dataset
+
+
 def step_metrics(
     g_max: int,
-    allocation: AllocationResult,
-    temperature: float,
+    rollouts: Rollouts,
+    drawn: Drawn,
     batch: RolloutBatch,
-    generated: tuple[dict, np.ndarray],
-    result: UpdateResult,
-    verdict_shares: dict,
-    timings: dict,
     logp_metrics: dict,
-    *,
-    consecutive_nonfinite: int,
-    applied_updates: int,
-    epochs_completed: int,
+    result: UpdateResult,
+    timings: Mapping[str, float],
+    counts: RunCounts,
 ) -> dict:
-    """The step's metrics line. `generated` is (group stats, rewards) of every generated group
-    (the batch's, or every dynamic-sampling round's); responses and tokens are the trained
-    batch's; `logp_metrics` come from the old-log-prob stage."""
-    groups, rewards = generated
+    """The step's metrics line. Allocation and temperature are the step's `rollouts`'; rewards
+    and verdict shares cover every generated group (`drawn`: the batch's, or every
+    dynamic-sampling round's); responses and tokens are the trained batch's; `logp_metrics`
+    come from the old-log-prob stage (and the rollout correction)."""
+    groups, rewards, allocation = drawn.groups, drawn.rewards, rollouts.allocation
     valid = batch.valid
     n_resp_tokens = int(batch.response_len[valid].sum())
     metrics = _update_metrics(result)
     metrics["nonfinite/skipped_in_step"] = int(sum(result.skipped))
-    metrics["nonfinite/consecutive"] = consecutive_nonfinite
+    metrics["nonfinite/consecutive"] = counts.consecutive_nonfinite
     metrics.update(timings)
-    metrics.update(verdict_shares)
+    metrics.update(drawn.verdict_shares)
     metrics.update(_allocation_metrics(np.asarray(allocation.n), g_max, allocation))
     metrics.update(
         {
@@ -104,14 +96,14 @@ def step_metrics(
             "reward/prompt_mean": float((groups["reward_sum"] / groups["count"]).mean()),
             "reward/zero_var_groups": float(groups["zero_variance"].mean()),
             "reward/prompts_with_signal": int((~groups["zero_variance"]).sum()),
-            "temperature": float(temperature),
-            "entropy/mean": entropy_mean(batch),
+            "temperature": float(rollouts.temperature),
+            "entropy/mean": batch.entropy_mean,
             "response/len_mean": _mean(batch.response_len[valid]),
             "response/stop_share": _mean(batch.stopped[valid]),
             "perf/tokens_per_s": n_resp_tokens / timings["time/step"],
             "perf/response_tokens": n_resp_tokens,
-            "train/applied_updates": applied_updates,
-            "data/epoch": epochs_completed,
+            "train/applied_updates": counts.applied_updates,
+            "data/epoch": counts.epochs_completed,
         }
     )
     # Current trainer vs engine log-probs of the sampled tokens (rollout/engine_logp_abs_diff:

@@ -51,15 +51,15 @@ from dynamo_jax.checkpoint import Checkpointer, NonFiniteStateError, abstract_li
 from dynamo_jax.config import RunConfig, to_json_dict
 from dynamo_jax.errors import ConfigError, DiskFullError, RunFailedError, UserError
 from dynamo_jax.evaluate import OVERALL
-from dynamo_jax.loop.behaviour_pass import row_layouts
+from dynamo_jax.loop.assemble import step_layouts
 from dynamo_jax.loop.build import Trainer, build_trainer
-from dynamo_jax.loop.report import timed as _timed
 from dynamo_jax.loop.rl_step import rl_step
+from dynamo_jax.loop.timings import Stopwatch
 from dynamo_jax.reporting.disk_space import free_bytes, is_out_of_space, megabytes
 from dynamo_jax.reporting.metrics import MetricsWriter, NullWriter, read_metrics, truncate_metrics
 from dynamo_jax.reporting.summary import RunSummary, Status, format_summary, summary_values
 from dynamo_jax.sharding import multihost
-from dynamo_jax.sharding.rules import replicated
+from dynamo_jax.sharding.rules import replicated, row_shards
 from dynamo_jax.step.optimizer import make_optimizer
 from dynamo_jax.stop import StopRequest
 
@@ -152,14 +152,12 @@ def check_mesh(cfg: RunConfig) -> None:
     """The configured mesh fits the devices there are and splits every batch into whole rows per
     device (ConfigError naming config.mesh.shape): a run, or a resume on another mesh, that
     cannot is refused before anything is built, not by a traceback from the build."""
-    from dynamo_jax.step.planner import row_shards
-
     used = len(jax.devices())
     shape = cfg.mesh.shape
     if -1 not in shape and 0 < int(np.prod(shape)) < used and jax.process_count() == 1:
         used = int(np.prod(shape))  # a smaller fixed mesh uses the first devices (build.py)
     try:
-        row_layouts(cfg, row_shards(cfg.mesh, used))
+        step_layouts(cfg, row_shards(cfg.mesh.axis_sizes(used), cfg.mesh.rules))
     except ValueError as err:
         raise ConfigError(f"config.mesh.shape: {err}") from err
 
@@ -199,20 +197,22 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
             status, reason = Status.INTERRUPTED, f"{stop.signal_name} before the first step"
         elif start == 0 and cfg.eval.at_start and tr.task.eval_rows:
             # The base model's numbers, the "before" of the summary's before → after.
-            before: dict = {}
-            with _timed(before, "eval"):
-                before.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, 0))
-            writer.write(0, before, advance=False)
+            with Stopwatch() as clock:
+                before = evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, 0)
+            writer.write(0, {**before, "time/eval": clock.seconds}, advance=False)
         for step in range(start + 1, cfg.train.steps + 1):
             if status is not Status.FINISHED:
                 break
             gone = run_dir.check_still_there(workdir, started_in)
             if _any_process(gone is not None):
                 raise RunFailedError(gone or "--workdir disappeared on another process")
-            metrics = rl_step(tr, step)
+            outcome = rl_step(tr, step)
+            tr.advance(outcome.state, outcome.consecutive_nonfinite, outcome.skipped_updates)
+            metrics = dict(outcome.metrics)
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
-                with _timed(metrics, "eval"):
+                with Stopwatch() as clock:
                     metrics.update(evaluate.evaluate_in_loop(tr.engine, tr.task, tr.cfg, step))
+                metrics["time/eval"] = clock.seconds
             writer.write(step, metrics)
             done = step
             limit = cfg.train.max_consecutive_nonfinite
@@ -281,9 +281,10 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
 
 def dry_run(cfg: RunConfig) -> dict:
     """The sharding planner on abstract shapes for this config's model, loss, mesh and batch."""
-    from dynamo_jax.step.planner import format_report, row_batch_shape, row_shards, run_dry_run
+    from dynamo_jax.step.planner import format_report, row_batch_shape, run_dry_run
 
-    layout, _ = row_layouts(cfg, row_shards(cfg.mesh, cfg.dry_run.num_devices))
+    axis_sizes = cfg.mesh.axis_sizes(cfg.dry_run.num_devices)
+    layout = step_layouts(cfg, row_shards(axis_sizes, cfg.mesh.rules)).update
     report = run_dry_run(
         cfg.model,
         cfg.loss,

@@ -1,6 +1,6 @@
-"""What a run writes for people to read, and the step's metrics line it is written from.
+"""What a run writes for people to read (the step's metrics line it is written from is
+loop/report.py's `step_metrics`).
 
-- report.py: the step's metrics line (`step_metrics`) and the stages' timings (`timed`);
 - metrics.py: metrics.jsonl, TensorBoard and the progress bar (`MetricsWriter`, `read_metrics`);
 - plots.py: PNG plots from a workdir's metrics.jsonl (`python -m dynamo_jax.reporting.plots`);
 - summary.py: the end-of-run summary and the exit status it implies;

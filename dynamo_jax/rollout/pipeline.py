@@ -45,6 +45,7 @@ batch's plan and completions (waited for), and under (a) the behaviour log-probs
 from the kept copy (the copies themselves are not saved). A resumed run takes exactly the
 batches the uninterrupted run takes. Every process calls `fill`, `take` and `state_dict` at the
 same points of the loop, so the collectives inside them come in the same order everywhere.
+The pipeline calls nothing of the loop's but `BehaviourSource.behaviour`, at a checkpoint.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +107,16 @@ class TakenBatch:
     generate_s: float | None  # seconds the background worker spent generating it
 
 
+class BehaviourSource(Protocol):
+    """What the pipeline asks the loop at a checkpoint (`state_dict`): log π_v of a batch in
+    flight, from version v's kept parameters, on the layout the batch will be trained on
+    (loop/behaviour_pass.py `BehaviourAhead`)."""
+
+    def behaviour(self, plan: BatchPlan, completions: list[Completion], params: Any) -> Behaviour:
+        """log π_v of `completions` (the batch `plan` fixed) under `params`."""
+        ...
+
+
 class _Done:
     """A batch generated when requested (or restored): already has its completions."""
 
@@ -144,9 +155,10 @@ def check_versions(step: int, plan: BatchPlan, completions: Sequence[Completion]
 class RolloutPipeline:
     """The batches in flight, oldest first (see the module docstring).
 
-    Each step calls `fill(step, ...)` (request every batch up to step + k) then `take(step)`.
-    `source` is `train.old_logp_source`: "trainer" keeps a copy of the parameters of each
-    version that sampled a batch trained later; "engine" keeps none.
+        Each step calls `fill(step, plans, params)` (request the batches `due(step)`: every batch up
+    to step + k) then `take(step)`.
+        `source` is `train.old_logp_source`: "trainer" keeps a copy of the parameters of each
+        version that sampled a batch trained later; "engine" keeps none.
     """
 
     def __init__(self, engine: RolloutEngine, *, max_staleness: int, last_step: int, source: str):
@@ -169,22 +181,29 @@ class RolloutPipeline:
     def kept_versions(self) -> list[int]:
         return sorted(self._params)
 
-    def fill(self, step: int, plan: Callable[[int, int], BatchPlan], params: Any) -> None:
-        """Request the batches of steps up to `step` + k (not past the last step).
+    def due(self, step: int) -> range:
+        """The steps whose batches step `step` requests: those not yet requested up to `step` +
+        k, not past the last step (the loop plans them; `fill` requests them)."""
+        first = self._queue[-1].plan.step + 1 if self._queue else step
+        return range(first, min(step + self.max_staleness, self.last_step) + 1)
 
-        `plan(s, version)` fixes batch s (rows, n_i, τ, seed); `params` are the trainer's
-        current parameters, version step − 1, which the engine must hold.
-        """
+    def fill(self, step: int, plans: Sequence[BatchPlan], params: Any) -> None:
+        """Request the batches `due(step)`, as `plans` fixed them (rows, n_i, τ, seed);
+        `params` are the trainer's current parameters, version step − 1, which the engine must
+        hold."""
         version = step - 1
         if int(self.engine.weight_version) != version:
             raise StaleBatchError(
                 f"step {step}: the engine holds weight version {self.engine.weight_version}, "
                 f"the trainer pushed {version}"
             )
-        first = self._queue[-1].plan.step + 1 if self._queue else step
-        for s in range(first, min(step + self.max_staleness, self.last_step) + 1):
-            batch = plan(s, version)
-            if self.keep_params and s > step and version not in self._params:
+        if [p.step for p in plans] != list(self.due(step)):
+            raise RuntimeError(
+                f"step {step}: plans for steps {[p.step for p in plans]}, but steps "
+                f"{list(self.due(step))} are due"
+            )
+        for batch in plans:
+            if self.keep_params and batch.step > step and version not in self._params:
                 # The update of this step donates `params`: the copy is the behaviour policy.
                 self._params[version] = jax.tree.map(jnp.copy, params)
             if self._background:
@@ -210,16 +229,16 @@ class RolloutPipeline:
         return TakenBatch(item.plan, completions, params, item.behaviour, item.handle.generate_s)
 
     # -- checkpoint payload -------------------------------------------------------------
-    def state_dict(self, behaviour: Callable[[BatchPlan, list, Any], Behaviour]) -> dict:
+    def state_dict(self, source: BehaviourSource | None) -> dict:
         """The batches in flight as NumPy trees (waits for their generation). Under
-        `keep_params`, `behaviour(plan, completions, params)` computes each one's log π_v now,
-        from the kept copy, so the checkpoint needs no parameters but the current ones."""
+        `keep_params`, `source.behaviour(plan, completions, params)` computes each one's log π_v
+        now, from the kept copy, so the checkpoint needs no parameters but the current ones."""
         out: dict[str, Any] = {"count": np.asarray(len(self._queue), np.int64)}
         for i, item in enumerate(self._queue):
             completions = item.handle.result()
             if self.keep_params and item.behaviour is None:
                 params = self._params[item.plan.version]
-                item.behaviour = behaviour(item.plan, completions, params)
+                item.behaviour = source.behaviour(item.plan, completions, params)
             out[f"batch{i}"] = _pack(item.plan, completions, item.behaviour)
         return out
 

@@ -309,35 +309,6 @@ def _release(res: _Resources, graceful: bool) -> None:
     res.push_dirs, res.socket_dir = [], ""
 
 
-def compare_fingerprints(push: weight_push.PushDir, reply: dict, where: str) -> int:
-    """Check a `fingerprint` reply (every rank's digests of the tensors it read back) against
-    the pushed file; returns how many were compared. SidecarError names the first mismatch."""
-    if reply["weight_version"] != push.version:
-        raise SidecarError(
-            f"{where} reports weight version {reply['weight_version']} after the push of "
-            f"version {push.version}"
-        )
-    compared = 0
-    for rank in reply["ranks"]:
-        for name, got in sorted(rank["tensors"].items()):
-            if got["state"] != "ok":
-                continue  # fused or repacked inside vLLM: not readable by name
-            want = push.expected_digest(name, got["shape"], rank["rank"], got["dtype"])
-            if not want or got["digest"] != want:
-                raise SidecarError(
-                    f"{where} does not serve the pushed weights of version {push.version}: "
-                    f"tensor {name} (tensor-parallel rank {rank['rank']}, shape {got['shape']}, "
-                    f"{got['dtype']}) read back from vLLM differs from {push.file}"
-                )
-            compared += 1
-    if not compared:
-        raise SidecarError(
-            f"{where}: verification of the push of version {push.version} could not read any of "
-            f"{len(push.check_names())} tensors back from vLLM"
-        )
-    return compared
-
-
 class VLLMSidecarEngine:
     """A `RolloutEngine` whose rollouts come from vLLM in a separate process.
 
@@ -531,7 +502,7 @@ class VLLMSidecarEngine:
         self._compare(push, reply)
 
     def _compare(self, push: weight_push.PushDir, reply: dict) -> None:
-        compare_fingerprints(push, reply, f"{self.label} (log: {self.log_path})")
+        weight_push.compare_fingerprints(push, reply, f"{self.label} (log: {self.log_path})")
 
     # -- process supervision ----------------------------------------------------------------
     @property

@@ -12,7 +12,8 @@ After every optimizer step the trainer's parameters must reach every vLLM sideca
   3. verification: every sidecar reads a few named tensors back from its engine (each
      tensor-parallel rank its own part) and the digests of their bytes are compared with those
      of the same tensors in the pushed file (`PushDir.expected_digest`, computed once per push;
-     a tensor above 2M elements on every k-th row, `wire.digest_step`, to bound the cost).
+     a tensor above 2M elements on every k-th row, `wire.digest_step`, to bound the cost;
+     `compare_fingerprints`).
      vLLM's in-place reload has open reports of serving stale weights (vLLM issue 32718) and of
      garbage after a layerwise reload; a mismatch is an error naming the sidecar and the tensor.
 The directory is deleted once the next push has replaced it: the host keeps exactly one, so a
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from dynamo_jax.errors import SidecarError
 from dynamo_jax.rollout import wire
 
 log = logging.getLogger(__name__)
@@ -213,3 +215,32 @@ def write_push_dir(
         raise
     nbytes = (directory / WEIGHTS_FILE).stat().st_size
     return PushDir(directory, int(version), nbytes, time.perf_counter() - start)
+
+
+def compare_fingerprints(push: PushDir, reply: dict, where: str) -> int:
+    """Check a `fingerprint` reply (every rank's digests of the tensors it read back) against
+    the pushed file; returns how many were compared. SidecarError names the first mismatch."""
+    if reply["weight_version"] != push.version:
+        raise SidecarError(
+            f"{where} reports weight version {reply['weight_version']} after the push of "
+            f"version {push.version}"
+        )
+    compared = 0
+    for rank in reply["ranks"]:
+        for name, got in sorted(rank["tensors"].items()):
+            if got["state"] != "ok":
+                continue  # fused or repacked inside vLLM: not readable by name
+            want = push.expected_digest(name, got["shape"], rank["rank"], got["dtype"])
+            if not want or got["digest"] != want:
+                raise SidecarError(
+                    f"{where} does not serve the pushed weights of version {push.version}: "
+                    f"tensor {name} (tensor-parallel rank {rank['rank']}, shape {got['shape']}, "
+                    f"{got['dtype']}) read back from vLLM differs from {push.file}"
+                )
+            compared += 1
+    if not compared:
+        raise SidecarError(
+            f"{where}: verification of the push of version {push.version} could not read any of "
+            f"{len(push.check_names())} tensors back from vLLM"
+        )
+    return compared

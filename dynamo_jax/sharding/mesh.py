@@ -73,6 +73,10 @@ class MeshConfig:
         """The concrete axis sizes for `num_devices` devices; raises if they cannot match."""
         return resolve_mesh_shape(self.shape, num_devices)
 
+    def axis_sizes(self, num_devices: int) -> dict[str, int]:
+        """`resolved_shape` by axis name (what `rules.row_shards` reads, as of a built mesh)."""
+        return dict(zip(AXIS_NAMES, self.resolved_shape(num_devices)))
+
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
     """Fill the -1 entry of `shape` so the product equals `num_devices`, or raise clearly."""

@@ -184,10 +184,16 @@ def rule_axes(rules: LogicalRules, logical: str) -> MeshAxes:
     return None
 
 
+def row_shards(axis_sizes: Mapping[str, int], rules: LogicalRules) -> int:
+    """How many ways a batch's rows are split: the size of the mesh axes of the `act_batch` rule.
+    `axis_sizes`: a built `Mesh.shape`, or a config's (`MeshConfig.axis_sizes`)."""
+    return math.prod(axis_sizes[a] for a in _as_axes_tuple(rule_axes(rules, "act_batch")) if a)
+
+
 def batch_sharding(mesh: Mesh, rules: LogicalRules, batch_size: int, ndim: int) -> NamedSharding:
     """Sharding of a per-sequence batch array: dim 0 over the `act_batch` axes, rest replicated."""
     axes = rule_axes(rules, "act_batch")
-    n = math.prod(mesh.shape[a] for a in _as_axes_tuple(axes))
+    n = row_shards(mesh.shape, rules)
     if batch_size % n:
         raise ValueError(
             f"batch size {batch_size} does not divide over the act_batch mesh axes {axes} "

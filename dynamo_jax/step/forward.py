@@ -52,7 +52,6 @@ ids all 0: layout padding) is skipped (`lax.cond`) at no cost.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -109,11 +108,6 @@ def activation_rules(rules: LogicalRules, mesh: Mesh, model_cfg: ModelConfig) ->
         "act_embed": model_cfg.hidden_size,
     }
     return fit_rules(rules, mesh, dims)
-
-
-def data_shards(mesh: Mesh, rules: LogicalRules) -> int:
-    """How many ways the rows of a batch are split (the mesh size of the `act_batch` axes)."""
-    return math.prod(mesh.shape[a] for a in _as_axes_tuple(rule_axes(rules, "act_batch")) if a)
 
 
 def model_param_shardings(model_cfg: ModelConfig, mesh: Mesh, rules: LogicalRules) -> Any:

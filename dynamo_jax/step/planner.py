@@ -50,8 +50,7 @@ import jax.numpy as jnp
 import optax
 
 from dynamo_jax.models.config import ModelConfig
-from dynamo_jax.sharding.mesh import AXIS_NAMES, MeshConfig, build_mesh
-from dynamo_jax.sharding.rules import _as_axes_tuple, rule_axes
+from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.step.forward import PROMPT_FIELDS, SCALAR_FIELDS
 from dynamo_jax.step.state import abstract_train_state
 from dynamo_jax.step.train_step import make_train_step
@@ -81,12 +80,6 @@ def _with_shardings(abstract: Any, shardings: Any) -> Any:
     return jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
-
-
-def row_shards(mesh_cfg: MeshConfig, num_devices: int) -> int:
-    """How many ways the mesh splits a batch's rows (the `act_batch` axes' size)."""
-    shape = dict(zip(AXIS_NAMES, mesh_cfg.resolved_shape(num_devices)))
-    return math.prod(shape[a] for a in _as_axes_tuple(rule_axes(mesh_cfg.rules, "act_batch")))
 
 
 def row_batch_shape(layout: Any) -> dict[str, int]:
