@@ -4,7 +4,7 @@ batch, the log-prob metrics as given; hand-worked numbers."""
 import numpy as np
 
 from dynamo_jax.allocation import AllocationResult
-from dynamo_jax.loop import assemble
+from dynamo_jax.loop import assemble, report
 from dynamo_jax.loop.assemble import RolloutBatch
 from dynamo_jax.loop.generate import Drawn, Rollouts
 from dynamo_jax.loop.report import RunCounts, UpdateResult, step_metrics
@@ -69,3 +69,11 @@ def test_a_batch_without_rows_reports_zeros_not_nan():
     m = _metrics(_batch([], []), groups, np.zeros(2, np.float32))
     assert m["response/len_mean"] == 0.0 and m["response/stop_share"] == 0.0
     assert m["perf/response_tokens"] == 0 and m["reward/zero_var_groups"] == 1.0
+
+
+def test_moved_share_is_the_share_of_rollouts_away_from_uniform():
+    assert report.moved_share(np.array([8, 8, 8])) == 0.0  # GRPO: nothing moved
+    # n̄ = 4 of 16 rollouts: prompts 3 and 4 took 2 each from prompts 1 and 2 → 4/16
+    assert report.moved_share(np.array([2, 2, 6, 6])) == 0.25
+    assert report.moved_share(np.array([0, 16])) == 0.5  # half the prompts got everything
+    assert report.moved_share(np.array([0, 0])) == 0.0

@@ -44,8 +44,16 @@ def _update_metrics(result: UpdateResult) -> dict:
     return out
 
 
+def moved_share(n: np.ndarray) -> float:
+    """The share of the step's rollouts the allocation moved away from uniform at the same total:
+    Σ max(0, n_i − n̄) / Σ n_i (0 for GRPO; 0.5 when half the prompts get all the rollouts)."""
+    total = float(n.sum())
+    return float(np.maximum(n - total / n.size, 0.0).sum() / total) if total else 0.0
+
+
 def _allocation_metrics(n: np.ndarray, g_max: int, result: AllocationResult) -> dict:
     return {
+        "alloc/moved_share": moved_share(n),
         "alloc/n_mean": float(n.mean()),
         "alloc/n_std": float(n.std()),
         "alloc/n_min": int(n.min()),
