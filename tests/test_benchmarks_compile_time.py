@@ -74,7 +74,7 @@ EXPECTED_PROGRAMS = {
     ("jit(fn)", "dynamo_jax/step/forward.py"): 1,  # the log-prob pass
     ("jit(step)", "dynamo_jax/loop/rl_step.py"): 1,  # the update
     # checksums of params, opt_state and progress, in one program
-    ("jit(<lambda>)", "dynamo_jax/checkpoint.py"): 1,
+    ("jit(<lambda>)", "dynamo_jax/checkpoint_checksums.py"): 1,
 }
 
 
