@@ -132,17 +132,22 @@ def main() -> None:
         f"{'policy':<22}{'wasted share':>14}{'(after ep. 1)':>15}{'signal prompts':>16}"
         f"{'variance':>10}{'shortfall':>11}   (ratios to uniform)"
     )
+    # No step after the first epoch (a run shorter than one pass over the pool), or a uniform
+    # run that wasted nothing there: that column has no ratio (nan), not a division error.
     base_later = base.later_wasted / max(base.later_rollouts, 1)
     for policy, t in results.items():
-        waste = (t.wasted / t.rollouts) / base_waste
-        later = (t.later_wasted / max(t.later_rollouts, 1)) / base_later
+        waste = (t.wasted / t.rollouts) / base_waste if base_waste else float("nan")
+        later_share = t.later_wasted / max(t.later_rollouts, 1)
+        later = later_share / base_later if base_later else float("nan")
         signal = t.signal_prompts / base.signal_prompts
         variance = t.variance / t.uniform_variance
         print(
             f"{policy:<22}{waste:>14.3f}{later:>15.3f}{signal:>16.3f}{variance:>10.3f}"
             f"{t.shortfall:>11d}"
         )
-    ratio = (results["dynamo"].wasted / results["dynamo"].rollouts) / base_waste
+    ratio = (
+        (results["dynamo"].wasted / results["dynamo"].rollouts) / base_waste if base_waste else 1.0
+    )
     print(
         f"target dynamo wasted share <= 0.7x uniform: {ratio:.3f}x -> "
         f"{'met' if ratio <= 0.7 else 'NOT met'}"

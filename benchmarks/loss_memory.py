@@ -167,16 +167,21 @@ def _row(impl, n, r) -> str:
             f"loss {r['loss']:.6e}  |dh| {r['gh_norm']:.5e}  |dW| {r['gw_norm']:.5e}")  # fmt: skip
 
 
+def _ratio(a: float, b: float) -> str:
+    """a / b to 3 places; "n/a" where b is 0 (at a few tokens the RSS above the inputs does not
+    move: the process's peak was set before the loss ran)."""
+    return f"{a / b:.3f}" if b else "n/a"
+
+
 def _ratios(n, res) -> None:
-    c, nv, pt = res.get(("chunked", n)), res.get(("naive", n)), res.get(("torch", n))
-    if c and nv:
-        print(f"  T={n}: chunked/naive  peak RSS {c['rss_mb'] / nv['rss_mb']:.3f}  "
-              f"RSS above inputs {(c['rss_mb'] - c['rss_inputs_mb']) / (nv['rss_mb'] - nv['rss_inputs_mb']):.3f}  "
-              f"time {c['secs'] / nv['secs']:.3f}")  # fmt: skip
-    if c and pt:
-        print(f"  T={n}: chunked/torch  peak RSS {c['rss_mb'] / pt['rss_mb']:.3f}  "
-              f"RSS above inputs {(c['rss_mb'] - c['rss_inputs_mb']) / (pt['rss_mb'] - pt['rss_inputs_mb']):.3f}  "
-              f"time {c['secs'] / pt['secs']:.3f}")  # fmt: skip
+    c = res.get(("chunked", n))
+    for peer in ("naive", "torch"):
+        p = res.get((peer, n))
+        if not (c and p):
+            continue
+        above = _ratio(c["rss_mb"] - c["rss_inputs_mb"], p["rss_mb"] - p["rss_inputs_mb"])
+        print(f"  T={n}: chunked/{peer:5s}  peak RSS {_ratio(c['rss_mb'], p['rss_mb'])}  "
+              f"RSS above inputs {above}  time {_ratio(c['secs'], p['secs'])}")  # fmt: skip
 
 
 def memory_table(args) -> None:
