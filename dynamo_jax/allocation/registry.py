@@ -79,18 +79,11 @@ def make_allocator(cfg: Any) -> policies.Allocator:
     return get(cfg.policy).allocator(cfg)
 
 
-def register(policy: AllocationPolicy, *, replace: bool = False) -> AllocationPolicy:
-    """Add `policy` to the table; a second policy under the same name is an error."""
-    return POLICIES.register(policy, replace=replace)
-
-
-def unregister(name: str) -> None:
-    POLICIES.unregister(name)
-
-
-def names() -> tuple[str, ...]:
-    return POLICIES.names()
-
-
-def get(name: str) -> AllocationPolicy:
-    return POLICIES.get(name)
+# The table's own functions under the names every extension point's module exposes
+# (register refuses a second entry under one name unless replace=True).
+register, unregister, names, get = (
+    POLICIES.register,
+    POLICIES.unregister,
+    POLICIES.names,
+    POLICIES.get,
+)

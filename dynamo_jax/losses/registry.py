@@ -65,18 +65,11 @@ class LossVariant:
     batch_fields: tuple[str, ...] = ()
 
 
-def register(variant: LossVariant, *, replace: bool = False) -> LossVariant:
-    """Add `variant` to the table; a second variant under the same name is an error."""
-    return VARIANTS.register(variant, replace=replace)
-
-
-def unregister(name: str) -> None:
-    VARIANTS.unregister(name)
-
-
-def names() -> tuple[str, ...]:
-    return VARIANTS.names()
-
-
-def get(name: str) -> LossVariant:
-    return VARIANTS.get(name)
+# The table's own functions under the names every extension point's module exposes
+# (register refuses a second entry under one name unless replace=True).
+register, unregister, names, get = (
+    VARIANTS.register,
+    VARIANTS.unregister,
+    VARIANTS.names,
+    VARIANTS.get,
+)

@@ -100,18 +100,11 @@ for _family in (
     FAMILIES.register(_family)
 
 
-def register(family: ModelFamily, *, replace: bool = False) -> ModelFamily:
-    """Add `family` to the table; a second family under the same name is an error."""
-    return FAMILIES.register(family, replace=replace)
-
-
-def unregister(name: str) -> None:
-    FAMILIES.unregister(name)
-
-
-def names() -> tuple[str, ...]:
-    return FAMILIES.names()
-
-
-def get(name: str) -> ModelFamily:
-    return FAMILIES.get(name)
+# The table's own functions under the names every extension point's module exposes
+# (register refuses a second entry under one name unless replace=True).
+register, unregister, names, get = (
+    FAMILIES.register,
+    FAMILIES.unregister,
+    FAMILIES.names,
+    FAMILIES.get,
+)

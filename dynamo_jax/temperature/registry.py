@@ -40,18 +40,11 @@ class TemperatureSchedule:
     check: Callable[[Any], None] | None = None  # checks of the shared keys it needs (cfg → raise)
 
 
-def register(schedule: TemperatureSchedule, *, replace: bool = False) -> TemperatureSchedule:
-    """Add `schedule` to the table; a second schedule under the same name is an error."""
-    return SCHEDULES.register(schedule, replace=replace)
-
-
-def unregister(name: str) -> None:
-    SCHEDULES.unregister(name)
-
-
-def names() -> tuple[str, ...]:
-    return SCHEDULES.names()
-
-
-def get(name: str) -> TemperatureSchedule:
-    return SCHEDULES.get(name)
+# The table's own functions under the names every extension point's module exposes
+# (register refuses a second entry under one name unless replace=True).
+register, unregister, names, get = (
+    SCHEDULES.register,
+    SCHEDULES.unregister,
+    SCHEDULES.names,
+    SCHEDULES.get,
+)
