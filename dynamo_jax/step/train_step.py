@@ -297,12 +297,15 @@ def make_train_step(
     compute_grads = _make_compute_grads(forward, loss_cfg, micro_rows, row_sh, state_sh.params)
 
     variant = registry.get(loss_cfg.variant)
+    # The stream's key, made eagerly and only for a variant that draws noise: made inside the
+    # step on a multi-device mesh, XLA:CPU aborted at run time (clip_cov on 2x2x2).
+    noise_key = (
+        jax.random.fold_in(jax.random.key(seed), NOISE_STREAM) if variant.needs_noise else None
+    )
 
     def step(state: TrainState, batch: dict[str, Array]):
         rows = {k: v for k, v in batch.items() if k not in SCALAR_FIELDS}
         if variant.needs_noise:  # one key per update; each token's draw is its own
-            # the stream's key made in the step (made eagerly, it compiled programs of its own)
-            noise_key = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
             key = jax.random.fold_in(noise_key, state.step)
             noise = token_noise(key, rows.pop("sequence_index"), rows["positions"])
             rows["noise"] = lax.with_sharding_constraint(noise, batch_sh["tokens"])
