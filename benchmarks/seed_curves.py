@@ -5,9 +5,12 @@
 
 Reads each workdir's metrics.jsonl (the `eval/overall/pass@k` and `eval_greedy/overall/pass@1`
 lines the in-loop evaluation writes) and prints, per method, one markdown row per seed: the
-value at every evaluated step, the rise from step 0 to the last evaluation, and the run's wall
-time (from the `time/*` fields). The plot has one panel per metric, a thin line per seed and a
-thick line for the seeds' mean. Nothing is averaged away in the table: every seed is a row.
+value at every evaluated step, the rise from step 0 to the last evaluation, the area under the
+curve (trapezoids over the evaluated steps, divided by their span: the curve's mean height, in
+the metric's own units) and the run's wall time (from the `time/*` fields). `--alloc` adds what
+the allocation did in each run (`allocation_table`). The plot has one panel per metric (and one
+for the training pool's per-prompt accuracy), a thin line per seed and a thick line for the
+seeds' mean. Nothing is averaged away in the tables: every seed is a row.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from dynamo_jax.loop.report import moved_share  # noqa: E402
 from dynamo_jax.reporting.metrics import read_metrics  # noqa: E402
 
 METRICS = (
@@ -40,6 +44,17 @@ def _records(workdir: Path) -> list[dict]:
 def eval_curve(records: list[dict], key: str) -> dict[int, float]:
     """Step → value of `key` on the lines that carry it (the evaluation steps)."""
     return {int(r["step"]): float(r[key]) for r in records if key in r}
+
+
+def area_under(curve: dict[int, float]) -> float:
+    """Trapezoid area under step → value over the evaluated steps, divided by their span (the
+    curve's mean height; a single point is its own value)."""
+    xs = sorted(curve)
+    if len(xs) < 2:
+        return float(curve[xs[0]]) if xs else float("nan")
+    ys = [curve[x] for x in xs]
+    area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]))
+    return area / (xs[-1] - xs[0])
 
 
 def wall_seconds(records: list[dict]) -> float:
@@ -63,24 +78,94 @@ def table(groups: dict[str, list[Path]], key: str) -> str:
         (label, d): eval_curve(_records(d), key) for label, dirs in groups.items() for d in dirs
     }
     steps = sorted({s for c in curves.values() for s in c})
-    head = "| method | run | " + " | ".join(f"step {s}" for s in steps) + " | rise | minutes |"
-    rows = [head, "|" + "---|" * (len(steps) + 4)]
+    head = (
+        "| method | run | " + " | ".join(f"step {s}" for s in steps) + " | rise | AUC | minutes |"
+    )
+    rows = [head, "|" + "---|" * (len(steps) + 5)]
     for (label, d), curve in curves.items():
         vals = [f"{curve[s]:.3f}" if s in curve else "" for s in steps]
         rise = curve[max(curve)] - curve[min(curve)] if curve else float("nan")
         minutes = wall_seconds(_records(d)) / 60
         rows.append(
-            f"| {label} | {d.name} | " + " | ".join(vals) + f" | {rise:+.3f} | {minutes:.1f} |"
+            f"| {label} | {d.name} | "
+            + " | ".join(vals)
+            + f" | {rise:+.3f} | {area_under(curve):.3f} | {minutes:.1f} |"
         )
     return "\n".join(rows)
 
 
+def _train_lines(records: list[dict]) -> list[dict]:
+    return [r for r in records if "reward/prompt_mean" in r]
+
+
+def _moved_share(line: dict) -> float:
+    """The logged `alloc/moved_share`, or (runs from before it was logged) the same formula on
+    the step's n_i histogram."""
+    if "alloc/moved_share" in line:
+        return float(line["alloc/moved_share"])
+    counts = np.asarray(line["alloc/n_hist"], np.int64)
+    return moved_share(np.repeat(np.arange(counts.size), counts))
+
+
+def allocation_table(groups: dict[str, list[Path]]) -> str:
+    """What the allocation did, a row per run, over its training steps: the share of the budget
+    moved away from uniform (`alloc/moved_share`, mean and max), the share of groups with no
+    signal (all correct or all wrong: `reward/zero_var_groups`, mean), the range of n_i, the n_i
+    histogram summed over the steps (`n×count`), and the training pool's per-prompt accuracy
+    (`reward/prompt_mean`) over the first and the last five steps."""
+    head = (
+        "| method | run | steps | moved (mean) | moved (max) | no-signal groups | n_i range "
+        "| n_i histogram (n×prompts) | pool acc. first 5 | pool acc. last 5 |"
+    )
+    rows = [head, "|" + "---|" * 10]
+    for label, dirs in groups.items():
+        for d in dirs:
+            lines = _train_lines(_records(d))
+            if not lines:
+                raise SystemExit(f"seed_curves: {d}/metrics.jsonl: no training steps")
+            moved = [_moved_share(r) for r in lines]
+            hist = np.zeros(1, np.int64)
+            for r in lines:
+                h = np.asarray(r["alloc/n_hist"], np.int64)
+                hist = np.pad(hist, (0, max(0, h.size - hist.size)))
+                hist[: h.size] += h
+            n_lo = min(int(r["alloc/n_min"]) for r in lines if "alloc/n_min" in r)
+            n_hi = max(int(r["alloc/n_max"]) for r in lines if "alloc/n_max" in r)
+            zero_var = np.mean([r["reward/zero_var_groups"] for r in lines])
+            acc = [r["reward/prompt_mean"] for r in lines]
+            histogram = " ".join(f"{n}×{c}" for n, c in enumerate(hist.tolist()) if c)
+            rows.append(
+                f"| {label} | {d.name} | {len(lines)} | {np.mean(moved):.3f} | {max(moved):.3f} "
+                f"| {zero_var:.3f} | {n_lo}–{n_hi} | {histogram} "
+                f"| {np.mean(acc[:5]):.3f} | {np.mean(acc[-5:]):.3f} |"
+            )
+    return "\n".join(rows)
+
+
+def train_curve(records: list[dict], window: int = 5) -> dict[int, float]:
+    """Step → the training pool's per-prompt accuracy, averaged over the last `window` steps
+    (one step's 8 prompts are too few to read a trend from)."""
+    lines = _train_lines(records)
+    acc = [float(r["reward/prompt_mean"]) for r in lines]
+    return {
+        int(r["step"]): float(np.mean(acc[max(0, i + 1 - window) : i + 1]))
+        for i, r in enumerate(lines)
+    }
+
+
+PANELS = (*METRICS, ("reward/prompt_mean", "training pool accuracy (5-step mean)"))
+
+
+def _panel_curve(records: list[dict], key: str) -> dict[int, float]:
+    return train_curve(records) if key == "reward/prompt_mean" else eval_curve(records, key)
+
+
 def plot(groups: dict[str, list[Path]], out: Path) -> None:
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4.2 * len(METRICS), 3.4))
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, title) in zip(axes, METRICS):
+    for ax, (key, title) in zip(axes, PANELS):
         for colour, (label, dirs) in zip(colours, groups.items()):
-            curves = [eval_curve(_records(d), key) for d in dirs]
+            curves = [_panel_curve(_records(d), key) for d in dirs]
             for curve in curves:
                 xs = sorted(curve)
                 ax.plot(xs, [curve[x] for x in xs], color=colour, alpha=0.35, linewidth=1)
@@ -112,11 +197,17 @@ def main(argv: list[str] | None = None) -> None:
         help="more metrics to tabulate at every step that logs them, e.g. "
         "rollout/engine_logp_abs_diff rollout/engine_logp_abs_diff_max",
     )
+    p.add_argument(
+        "--alloc", action="store_true", help="also print what the allocation did in each run"
+    )
     args = p.parse_args(argv)
     groups = parse_groups(args.groups)
     for key, title in (*METRICS, *((k, k) for k in args.keys)):
         print(f"\n{title} (`{key}`)\n")
         print(table(groups, key))
+    if args.alloc:
+        print("\nwhat the allocation did\n")
+        print(allocation_table(groups))
     if args.out:
         plot(groups, args.out)
         print(f"\nplot: {args.out}")
