@@ -72,7 +72,7 @@ def parse_groups(specs: list[str]) -> dict[str, list[Path]]:
     return groups
 
 
-def table(groups: dict[str, list[Path]], key: str) -> str:
+def table(groups: dict[str, list[Path]], key: str, fmt: str = ".3f") -> str:
     """One markdown table for `key`: a row per (method, run), the value at every eval step."""
     curves = {
         (label, d): eval_curve(_records(d), key) for label, dirs in groups.items() for d in dirs
@@ -83,13 +83,13 @@ def table(groups: dict[str, list[Path]], key: str) -> str:
     )
     rows = [head, "|" + "---|" * (len(steps) + 5)]
     for (label, d), curve in curves.items():
-        vals = [f"{curve[s]:.3f}" if s in curve else "" for s in steps]
+        vals = [f"{curve[s]:{fmt}}" if s in curve else "" for s in steps]
         rise = curve[max(curve)] - curve[min(curve)] if curve else float("nan")
         minutes = wall_seconds(_records(d)) / 60
         rows.append(
             f"| {label} | {d.name} | "
             + " | ".join(vals)
-            + f" | {rise:+.3f} | {area_under(curve):.3f} | {minutes:.1f} |"
+            + f" | {rise:+{fmt}} | {area_under(curve):{fmt}} | {minutes:.1f} |"
         )
     return "\n".join(rows)
 
@@ -198,13 +198,21 @@ def main(argv: list[str] | None = None) -> None:
         "rollout/engine_logp_abs_diff rollout/engine_logp_abs_diff_max",
     )
     p.add_argument(
+        "--keys_format",
+        default=".3f",
+        help="format of the --keys tables' values, e.g. .1e for the engine's log-prob gap",
+    )
+    p.add_argument(
         "--alloc", action="store_true", help="also print what the allocation did in each run"
     )
     args = p.parse_args(argv)
     groups = parse_groups(args.groups)
-    for key, title in (*METRICS, *((k, k) for k in args.keys)):
+    for key, title in METRICS:
         print(f"\n{title} (`{key}`)\n")
         print(table(groups, key))
+    for key in args.keys:
+        print(f"\n{key} (`{key}`)\n")
+        print(table(groups, key, args.keys_format))
     if args.alloc:
         print("\nwhat the allocation did\n")
         print(allocation_table(groups))

@@ -124,3 +124,9 @@ def test_keys_tabulate_a_training_metric_at_every_step(tmp_path, capsys):
     table = out.split("(`rollout/engine_logp_abs_diff`)")[1].strip().splitlines()
     assert table[0].startswith("| method | run | step 1 | step 2 |")
     assert table[2].startswith("| bf16 | s0 | 0.010 | 0.020 | 0.030 |")
+    seed_curves.main(
+        [f"bf16={a}", "--keys", "rollout/engine_logp_abs_diff", "--keys_format", ".1e"]
+    )
+    out = capsys.readouterr().out
+    table = out.split("(`rollout/engine_logp_abs_diff`)")[1].strip().splitlines()
+    assert table[2].startswith("| bf16 | s0 | 1.0e-02 | 2.0e-02 | 3.0e-02 |")
