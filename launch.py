@@ -54,7 +54,8 @@ def main(argv) -> int:
         # orbax and absl log every checkpoint step at INFO; the progress bar has the figures.
         absl_logging.set_verbosity(absl_logging.WARNING)
     # JAX's persistent compilation cache, outside the checkout (cli.compilation_cache_dir): a
-    # second run, or a run in another clone, loads its programs instead of compiling them.
+    # second run, or a run in another clone, loads its programs instead of compiling them. Set
+    # in `run` already; again here for a caller of `main` that went around it.
     cli.use_compilation_cache()
     with cli.known_errors(debug=_DEBUG.value):
         from dynamo_jax.config import from_config_dict
@@ -84,5 +85,13 @@ def main(argv) -> int:
         return summary.exit_code
 
 
-if __name__ == "__main__":
+def run() -> None:
+    # The cache first: parsing the flags loads the config file, whose imports start JAX, which
+    # reads the cache's variables once, at its import (with the cache set only in `main`, a
+    # user's run compiled every program every time).
+    cli.use_compilation_cache()
     app.run(main, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+    run()

@@ -199,9 +199,17 @@ def use_compilation_cache(environ: MutableMapping[str, str] = os.environ) -> str
     so call it before JAX is imported. Every program is written, however fast it compiled
     ($JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS unless set): jax's default of 1 s leaves out
     programs that load in a tenth of their compile time (benchmarks/compile_time.py). Returns
-    the directory (None: no cache)."""
+    the directory (None: no cache). JAX reads the variables once, when it is imported: where it
+    already is (this process's `os.environ`), its config is set as well, which holds until its
+    first compilation."""
     path = compilation_cache_dir(environ)
     if path is not None:
         environ[COMPILATION_CACHE_ENV] = path
         environ.setdefault(MIN_COMPILE_TIME_ENV, "0")
+        jax = sys.modules.get("jax")
+        if jax is not None and environ is os.environ:
+            jax.config.update("jax_compilation_cache_dir", path)
+            jax.config.update(
+                "jax_persistent_cache_min_compile_time_secs", float(environ[MIN_COMPILE_TIME_ENV])
+            )
     return path

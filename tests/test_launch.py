@@ -1,7 +1,11 @@
 """launch.py's handling of bad input: one or two plain lines, exit status 2, nothing created.
 (Exit status 1 of a run that stops early: test_loop_train.py, which shares its compilation cache.)"""
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,3 +201,52 @@ def test_task_and_workdir_errors_are_user_errors(tmp_path):
     file.write_text("")
     with pytest.raises(ConfigError, match="exists and is not a directory"):
         workdir.prepare(file, from_config_dict(tiny.get_config()), start_over=False)
+
+
+# ----------------------------------------------------------------------------- compilation cache
+
+# launch.py's own entry with `main` swapped for a probe: by the time `main` runs, parsing the
+# flags has loaded the config file (and with it JAX); the probe compiles one program.
+CACHE_PROBE = """
+import json, sys
+import launch
+
+def probe(argv):
+    jax_before_main = "jax" in sys.modules
+    import jax
+    jax.jit(lambda x: x * 2.0 + 1.0)(jax.numpy.arange(3.0)).block_until_ready()
+    print(json.dumps({
+        "jax_before_main": jax_before_main,
+        "dir": jax.config.jax_compilation_cache_dir,
+        "min_compile_s": jax.config.jax_persistent_cache_min_compile_time_secs,
+    }))
+
+launch.main = probe
+sys.argv = ["launch.py", "--config", "configs/tiny.py", "--workdir", "unused"]
+launch.run()
+"""
+
+
+def test_a_users_run_writes_its_programs_to_the_default_cache(tmp_path):
+    """No cache variable set (a user's shell): the run's programs go to <cache>/jax, every one,
+    although JAX was imported (by the config file) before `main` (it once was not: JAX had read
+    the unset variables at its import, and every run compiled everything)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (cli.COMPILATION_CACHE_ENV, cli.MIN_COMPILE_TIME_ENV)
+    }
+    env["DYNAMO_JAX_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run(
+        [sys.executable, "-c", CACHE_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "jax_before_main": True,
+        "dir": str(tmp_path / "cache" / "jax"),
+        "min_compile_s": 0.0,
+    }
+    # the probe's program compiled in well under jax's default 1 s threshold, and is kept
+    assert [n for n in os.listdir(tmp_path / "cache" / "jax") if n.startswith("jit__lambda")]
