@@ -369,5 +369,8 @@ def _define_flags() -> dict[str, Any]:
 if __name__ == "__main__":
     from absl import app
 
+    from dynamo_jax import cli
+
+    cli.use_compilation_cache()  # launch.py's cache, set before the flags load the config
     _FLAGS = _define_flags()
     app.run(main)
