@@ -62,7 +62,7 @@ def _step(cfg, params, rollouts, layout, loss_cfg):
         micro_batches=layout.max_micro_batches,
         shared_prompts=layout.shared_prompts,
     )
-    rows, plan = assemble.lay_out(rollouts, np.arange(ROWS), layout, tuple(batch_sh))
+    rows, _ = assemble.lay_out(rollouts, np.arange(ROWS), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     return {k: float(v) for k, v in metrics.items()}, jax.tree.leaves(new_state.opt_state), rows

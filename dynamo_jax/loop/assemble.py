@@ -13,7 +13,7 @@ mini-batches and one for the log-prob pass (`StepLayouts`, fixed once per run by
 and kept by the `Trainer`, loop/build.py): `lay_out` lays a
 set of the batch's sequences (the whole batch for the old-log-prob pass, one shuffled mini-batch
 for an update) into rows, packed several to a row or one per row, with the per-token fields of
-step/forward.py's convention, and returns the `RowPlan`: where each sequence went, whose `gather`
+step/forward.py's convention, and returns the `Placement`: where each sequence went, whose `gather`
 brings per-token outputs back to the batch's rows.
 Every process of a multi-process run holds the whole batch and builds the same rows.
 """
@@ -29,7 +29,7 @@ import numpy as np
 
 from dynamo_jax import tasks
 from dynamo_jax.config import RunConfig
-from dynamo_jax.data.packing import RowLayout, RowPlan
+from dynamo_jax.data.packing import Placement, RowLayout
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.rollout.protocol import Completion
 
@@ -216,28 +216,28 @@ def prompt_weights(
 
 # Row fields that are not a RolloutBatch array laid out token by token.
 _DERIVED_FIELDS = {
-    "positions": lambda plan, batch, seqs: plan.positions(),
-    "segment_ids": lambda plan, batch, seqs: plan.segment_ids(),
-    "advantages": lambda plan, batch, seqs: plan.broadcast(batch.advantages[seqs], 0.0),
-    "seq_weight": lambda plan, batch, seqs: plan.broadcast(
+    "positions": lambda placement, batch, seqs: placement.positions(),
+    "segment_ids": lambda placement, batch, seqs: placement.segment_ids(),
+    "advantages": lambda placement, batch, seqs: placement.broadcast(batch.advantages[seqs], 0.0),
+    "seq_weight": lambda placement, batch, seqs: placement.broadcast(
         prompt_weights(batch.prompt_id, batch.valid, batch.loss_mask)[seqs], 0.0
     ),
-    "sequence_index": lambda plan, batch, seqs: plan.broadcast(
+    "sequence_index": lambda placement, batch, seqs: placement.broadcast(
         np.arange(len(seqs), dtype=np.int32)
     ),
-    "temperature": lambda plan, batch, seqs: np.float32(batch.temperature),
+    "temperature": lambda placement, batch, seqs: np.float32(batch.temperature),
     # 0: the update reads `old_logp`; rl_step.update sets 1 for the on-policy first update.
-    "on_policy": lambda plan, batch, seqs: np.float32(0.0),
+    "on_policy": lambda placement, batch, seqs: np.float32(0.0),
 }
 
 
 def lay_out(
     batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout, fields: Sequence[str]
-) -> tuple[dict[str, np.ndarray], RowPlan]:
+) -> tuple[dict[str, np.ndarray], Placement]:
     """The sequences `seqs` (rows of `batch`, in mini-batch order) as `layout`'s rows.
 
     Returns the named fields ([R, L] per token, `temperature` and `on_policy` 0-d float32) and
-    the plan, whose `rows` is R. Positions restart at 0 for every sequence; `advantages` puts
+    the placement, whose `rows` is R. Positions restart at 0 for every sequence; `advantages` puts
     each sequence's advantage on its tokens; `sequence_index` is the sequence's index in `seqs`.
     Packed, the sequences with no trained token are left out: nothing reads them.
     """
@@ -258,35 +258,35 @@ def lay_out(
     prompt_lengths = None
     if layout.prompt_slots:
         prompt_lengths = lengths - batch.response_len[seqs]
-    plan = layout.plan(lengths, prompt_lengths)
+    placement = layout.place(lengths, prompt_lengths)
     out = {}
     for name in fields:
         if name in _DERIVED_FIELDS:
-            out[name] = _DERIVED_FIELDS[name](plan, batch, seqs)
+            out[name] = _DERIVED_FIELDS[name](placement, batch, seqs)
             continue
         if name in ("prompt_table", "prompt_source"):
             if name not in out:
-                out.update(_prompt_fields(plan, batch, seqs, layout))
+                out.update(_prompt_fields(placement, batch, seqs, layout))
             continue
         value = getattr(batch, name, None)
         if value is None:
             raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
-        out[name] = plan.scatter(np.asarray(value)[seqs])
-    return out, plan
+        out[name] = placement.scatter(np.asarray(value)[seqs])
+    return out, placement
 
 
 def _prompt_fields(
-    plan: RowPlan, batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout
+    placement: Placement, batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout
 ) -> dict[str, np.ndarray]:
-    """The shared-prompt table of the rows (RowPlan.prompt_tables), after checking that rows
+    """The shared-prompt table of the rows (Placement.prompt_tables), after checking that rows
     said to share a prompt hold the very same prompt slots (the model runs one of them)."""
-    table, source = plan.prompt_tables(batch.prompt_id[seqs], layout.prompt_groups)
-    m, p = plan.micro_batches, layout.prompt_slots
-    tokens = plan.scatter(batch.tokens[seqs])[:, :p]
-    mask = plan.scatter(batch.attention_mask[seqs])[:, :p]
+    table, source = placement.prompt_tables(batch.prompt_id[seqs], layout.prompt_groups)
+    m, p = placement.micro_batches, layout.prompt_slots
+    tokens = placement.scatter(batch.tokens[seqs])[:, :p]
+    mask = placement.scatter(batch.attention_mask[seqs])[:, :p]
     # Row r = k·M + micro reads its micro-batch's table entry source[r]: row entry·M + micro.
     local = table.reshape(-1, m)[source.reshape(-1, m), np.arange(m)].reshape(-1)
-    holder = local * m + np.arange(plan.rows) % m
+    holder = local * m + np.arange(placement.rows) % m
     same = (mask == mask[holder]).all(axis=1) & (tokens == tokens[holder]).all(axis=1)
     differs = np.flatnonzero(~same & mask.any(axis=1))  # empty rows read any prompt, unused
     if len(differs):

@@ -47,13 +47,13 @@ def old_logprobs(
     `seqs`: the rows to score (default all of them); the others' values are NaN, so that a
     reader that should not have read them (the on-policy first update) shows it."""
     scored = np.arange(batch.rows) if seqs is None else np.asarray(seqs, np.int64)
-    rows, plan = assemble.lay_out(batch, scored, logprob.layout, logprob.batch_shardings)
+    rows, placement = assemble.lay_out(batch, scored, logprob.layout, logprob.batch_shardings)
     # Each process feeds its own rows; outputs come back whole to every process.
-    model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
+    model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, placement.rows)
     width = batch.tokens.shape[1]
 
     def back(x):
-        values = plan.gather(multihost.host_copy(x), width, 0.0)
+        values = placement.gather(multihost.host_copy(x), width, 0.0)
         if seqs is None:
             return values
         out = np.full((batch.rows, width), np.nan, values.dtype)

@@ -183,15 +183,15 @@ def update(tr: Trainer, step: int, batch: RolloutBatch) -> tuple[TrainState, Upd
     run = tr.consecutive_nonfinite
     with Stopwatch() as clock:
         for i, seqs in enumerate(order):
-            rows, plan = assemble.lay_out(batch, seqs, tr.layouts.update, fields)
+            rows, placement = assemble.lay_out(batch, seqs, tr.layouts.update, fields)
             rows["on_policy"] = np.float32(i < on_policy_updates)
-            mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, plan.rows)
+            mb = multihost.global_batch_from_host(rows, train_step.batch_shardings, placement.rows)
             state, metrics = train_step.fn(state, mb)
             per_update.append(metrics)
             layout_stats.append(
                 {
-                    "pack/padding_share": plan.padding_share,
-                    "pack/micro_batches": plan.micro_batches,
+                    "pack/padding_share": placement.padding_share,
+                    "pack/micro_batches": placement.micro_batches,
                 }
             )
             if watch:
