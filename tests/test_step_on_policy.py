@@ -60,6 +60,13 @@ def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):
     return {k: float(v) for k, v in metrics.items()}, new_state.opt_state
 
 
+def _old_logprobs(rollouts, logprob, params, seqs=None):
+    """The loop's log-prob pass over `seqs` (default every row), laid out as the loop does."""
+    seqs = np.arange(rollouts.rows) if seqs is None else seqs
+    rows = assemble.device_rows(rollouts, seqs, logprob.layout, logprob.batch_shardings)
+    return behaviour_pass.old_logprobs(rollouts, rows, logprob, params, None)
+
+
 @pytest.mark.parametrize("loss", ["grpo", "dynamo"])
 @pytest.mark.parametrize("layout", [PADDED, PACKED], ids=["padded", "packed-accumulated"])
 def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
@@ -68,7 +75,7 @@ def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
     loss_cfg = LossConfig.preset(loss)
     # With the pass: π_old from the trainer's forward over the batch (what loop/rl_step.py does).
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    with_pass = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
+    with_pass = _old_logprobs(rollouts, logprob, params)
     ref_m, ref_g = _step(cfg, params, with_pass, layout, loss_cfg, on_policy=False)
     # Without: old_logp is garbage and must not matter.
     garbage = dataclasses.replace(
@@ -167,14 +174,14 @@ def test_not_skipped_when_its_entropy_or_reference_is_used():
 
 
 def test_the_pass_over_some_rows_is_the_whole_pass_on_them(tiny3):
-    """`old_logprobs(seqs=...)`: the rows it scores hold what the pass over every row gives them
+    """`old_logprobs` over some rows: the rows it scores hold what the pass over every row gives them
     (other rows share their packed rows there), the rows it leaves out hold NaN."""
     cfg, params = tiny3
     rollouts, _, _ = make_rollouts(cfg, params)
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    whole = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
+    whole = _old_logprobs(rollouts, logprob, params)
     seqs = np.array([0, 3, 4, 5, 9, 10, 14])  # 5: the empty row
-    part = behaviour_pass.old_logprobs(rollouts, logprob, params, None, seqs)
+    part = _old_logprobs(rollouts, logprob, params, seqs)
     left_out = np.setdiff1d(np.arange(N_SEQ), seqs)
     trained = rollouts.loss_mask[seqs] > 0
     assert trained.sum() > 20

@@ -424,9 +424,9 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
     mesh = sub_mesh((1, 2, 4))
     logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
     placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
-    got = behaviour_pass.old_logprobs(
-        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None
-    )
+    batch = dataclasses.replace(rollouts, old_logp=None)
+    rows = assemble.device_rows(batch, np.arange(N_SEQ), logprob.layout, logprob.batch_shardings)
+    got = behaviour_pass.old_logprobs(batch, rows, logprob, placed, None)
     scored = rollouts.loss_mask > 0
     for x, want in ((got.old_logp, want_logp), (got.entropy, want_ent)):
         assert x.shape == (N_SEQ, MAX_LEN)

@@ -275,6 +275,27 @@ class Placement:
             source[micro::m][real] = rank[inverse]
         return table, source
 
+    def shared_prompt_tables(
+        self, prompt_id_S, tokens_SxW, mask_SxW, slots: int, groups: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`prompt_tables`, after checking that the rows said to share a prompt hold the very same
+        first `slots` token slots (`tokens_SxW` under `mask_SxW`): the model runs one of them."""
+        table, source = self.prompt_tables(prompt_id_S, groups)
+        m = self.micro_batches
+        tokens = self.scatter(tokens_SxW)[:, :slots]
+        mask = self.scatter(mask_SxW)[:, :slots]
+        # Row r = k·M + micro reads its micro-batch's table entry source[r]: row entry·M + micro.
+        local = table.reshape(-1, m)[source.reshape(-1, m), np.arange(m)].reshape(-1)
+        holder = local * m + np.arange(self.rows) % m
+        same = (mask == mask[holder]).all(axis=1) & (tokens == tokens[holder]).all(axis=1)
+        differs = np.flatnonzero(~same & mask.any(axis=1))  # empty rows read any prompt, unused
+        if len(differs):
+            raise ValueError(
+                f"rows {int(differs[0])} and {int(holder[differs[0]])} of a shared-prompt layout "
+                "have the same prompt id but different prompt tokens"
+            )
+        return table, source
+
     def positions(self) -> np.ndarray:
         """int32 [R, L]: each token's position in its sequence (0 on empty slots)."""
         seq, pos, slot = self._index
