@@ -196,16 +196,15 @@ def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, 
     """The tiny GRPO config, 2 updates a step, 2 steps, with and without the skip: the pass
     scores exactly the rows of the updates after the first (the rows `mini_batch_order` gives
     them) and the two runs' losses, gradient norms and final parameters agree."""
-    from dynamo_jax.loop import rl_step as rl_step_module
     from dynamo_jax.loop import train
     from dynamo_jax.reporting.metrics import read_metrics
 
     scored_rows = []
     whole_pass = behaviour_pass.old_logprobs
 
-    def spy(batch, logprob, params, ref_params, seqs=None):
-        scored_rows.append(None if seqs is None else np.asarray(seqs))
-        return whole_pass(batch, logprob, params, ref_params, seqs)
+    def spy(batch, rows, *args):
+        scored_rows.append(rows.seqs)
+        return whole_pass(batch, rows, *args)
 
     monkeypatch.setattr(behaviour_pass, "old_logprobs", spy)
     runs = {}
@@ -221,9 +220,12 @@ def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, 
         summary = train.run(cfg, workdir)
         assert summary.exit_code == 0
         runs[skip] = (read_metrics(workdir), list(scored_rows), _final_params(workdir, config))
-    assert runs[False][1] == [None, None]  # every row, every step
+    assert len(runs[False][1]) == 2  # every row, every step
+    for seqs in runs[False][1]:
+        np.testing.assert_array_equal(seqs, np.arange(cfg.budget))
+    assert len(runs[True][1]) == 2
     for step, seqs in enumerate(runs[True][1], start=1):
-        order = rl_step_module.mini_batch_order(from_config_dict(config), step, cfg.budget)
+        order = assemble.mini_batch_order(from_config_dict(config), step, cfg.budget)
         np.testing.assert_array_equal(seqs, np.sort(order[1]))  # the second update's rows
     with_pass, without = runs[False][0], runs[True][0]
     for a, b in zip(with_pass, without):
