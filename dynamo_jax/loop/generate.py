@@ -129,14 +129,17 @@ def generate(pipeline: RolloutPipeline, step: int, planner: Planner, params: Any
     def draw(round_: int) -> dynamic_sampling.Round:
         """Round `round_`, checked and scored: 0 is the step's batch (`taken`), a further one is
         generated now."""
+        round_batch = taken
         with Stopwatch() as clock:
-            batch = taken
             if round_ > 0:
-                batch = pipeline.generate_now(step, planner.request(step, step - 1, round_))
+                round_plan = planner.request(step, step - 1, round_)
+                round_batch = pipeline.generate_now(step, round_plan)
         with Stopwatch() as score_clock:
-            rewards, verdict_shares = tasks.score_completions(task, batch.completions)
+            rewards, verdict_shares = tasks.score_completions(task, round_batch.completions)
         round_timings.append({"time/generate": clock.seconds, "time/score": score_clock.seconds})
-        return dynamic_sampling.Round(batch.plan, batch.completions, rewards, verdict_shares)
+        return dynamic_sampling.Round(
+            round_batch.plan, round_batch.completions, rewards, verdict_shares
+        )
 
     first = draw(0)
     rounds, completions, kept_rewards = [first], first.completions, first.rewards
