@@ -20,7 +20,7 @@ How it is measured:
   epoch-end hook (E3 is then at its run's bounds [4, 12], the released heuristic has its
   per-epoch priority). The allocation n_i is a deterministic function of that history.
 - Gradient: each draw samples n_i fresh rollouts per prompt at T = 1 and runs the training
-  loop's own stages on them (`generate.score`, `assemble.build_batch`,
+  loop's own stages on them (`tasks.score_completions`, `assemble.build_batch`,
   `behaviour_pass.old_logprobs`, `rl_step.update`) with
   the whole batch as one mini-batch (one update: the loss over all B rows), the loss of
   `--loss_method`'s config (GRPO's plain clipped surrogate by default, the policy's own run).
@@ -315,12 +315,18 @@ class Pipeline:
 
     def batch(self, completions: list, prompts: int, n_avg: int, with_step: bool = False):
         """(shape, the scored RolloutBatch with old log-probs and entropy, its group stats)."""
-        from dynamo_jax.loop import assemble, behaviour_pass, generate
+        from dynamo_jax import tasks
+        from dynamo_jax.loop import assemble, behaviour_pass
 
         shape = self._shape(prompts, n_avg, with_step)
-        rewards = generate.score(self.task, completions, shape.cfg.budget).rewards
+        rewards = np.zeros(shape.cfg.budget, np.float32)
+        rewards[: len(completions)], _ = tasks.score_completions(self.task, completions)
         batch = assemble.build_batch(shape.cfg, self.task, completions, self.temperature, rewards)
-        batch = behaviour_pass.old_logprobs(batch, shape.logprob, self.params, None)
+        logprob = shape.logprob
+        rows = assemble.device_rows(
+            batch, np.arange(batch.rows), logprob.layout, logprob.batch_shardings
+        )
+        batch = behaviour_pass.old_logprobs(batch, rows, logprob, self.params, None)
         groups = assemble.group_stats(
             batch.prompt_id, batch.rewards, batch.valid, batch.entropy, batch.loss_mask
         )
@@ -332,7 +338,7 @@ class Pipeline:
         import jax
         from jax.flatten_util import ravel_pytree
 
-        from dynamo_jax.loop import rl_step
+        from dynamo_jax.loop import assemble, rl_step
 
         shape, batch, groups = self.batch(completions, prompts, n_avg, with_step=True)
         # update() reads these of the Trainer (loop/build.py); a full one would build an engine
@@ -343,7 +349,8 @@ class Pipeline:
             state=shape.state,
             consecutive_nonfinite=0,
         )
-        state, result = rl_step.update(trainer, 0, batch)
+        order = assemble.mini_batch_order(shape.cfg, 0, batch.rows)
+        state, result = rl_step.update(trainer, batch, order)
         shape.state = state
         if any(result.skipped):
             raise FloatingPointError("non-finite loss or gradient in a measured batch")

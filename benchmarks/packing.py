@@ -153,7 +153,7 @@ def measure(args, layers: int) -> dict:
     state = init_train_state(cfg, optimizer, mesh, mesh_cfg.rules, jax.random.key(0))
     train_in, logprob_in, logprob = {}, {}, {}
     for name, layout in layouts.items():
-        rows, plan = assemble.lay_out(batch, np.arange(n), layout, tuple(batch_sh))
+        rows, placement = assemble.lay_out(batch, np.arange(n), layout, tuple(batch_sh))
         train_in[name] = jax.device_put(rows, batch_sh)
         logprob[name] = make_logprob_fn(cfg, mesh, mesh_cfg.rules, layout)
         rows, _ = assemble.lay_out(
@@ -161,7 +161,7 @@ def measure(args, layers: int) -> dict:
         )
         logprob_in[name] = jax.device_put(rows, logprob[name].batch_shardings)
         print(
-            f"  {name}: {plan.rows} rows x {max_len} slots, padding share {plan.padding_share:.1%}"
+            f"  {name}: {placement.rows} rows x {max_len} slots, padding share {placement.padding_share:.1%}"
         )
 
     holder = {"state": state}
@@ -202,9 +202,9 @@ PAPER_SHAPES = (
 )
 
 
-def _micro_batches_run(plan, micro_rows: int) -> int:
+def _micro_batches_run(placement, micro_rows: int) -> int:
     """Micro-batches that hold a token (the rest of a rounded-up batch is skipped)."""
-    filled = len(np.unique(plan.row_S[plan.row_S >= 0]))
+    filled = len(np.unique(placement.row_S[placement.row_S >= 0]))
     return max(-(-filled // micro_rows), 1)
 
 
@@ -227,14 +227,14 @@ def shapes_only(args) -> None:
         )
         for packed in (False, True):
             layout = RowLayout(row_len, packed, micro_rows, mini, row_shards=gpus)
-            plans = [layout.plan(lengths[i : i + mini]) for i in range(0, budget, mini)]
-            run = sum(_micro_batches_run(p, micro_rows) for p in plans)
+            placements = [layout.place(lengths[i : i + mini]) for i in range(0, budget, mini)]
+            run = sum(_micro_batches_run(p, micro_rows) for p in placements)
             slots = run * micro_rows * row_len
             whole = RowLayout(row_len, packed, micro_rows, budget, row_shards=gpus)
-            logprob_run = _micro_batches_run(whole.plan(lengths), micro_rows)
+            logprob_run = _micro_batches_run(whole.place(lengths), micro_rows)
             print(
-                f"  {'packed' if packed else 'padded'}: {run / len(plans):.1f} micro-batches per "
-                f"update (of {np.mean([p.micro_batches for p in plans]):.1f} after rounding), "
+                f"  {'packed' if packed else 'padded'}: {run / len(placements):.1f} micro-batches per "
+                f"update (of {np.mean([p.micro_batches for p in placements]):.1f} after rounding), "
                 f"padding {1 - lengths.sum() / slots:.1%}; old-log-prob pass {logprob_run} "
                 "micro-batches"
             )

@@ -13,18 +13,18 @@ import pytest
 from dynamo_jax.data.packing import RowLayout, best_fit_decreasing
 
 
-def _check_plan(plan, lengths, layout):
+def _check_placement(placement, lengths, layout):
     """Every sequence's tokens sit in one row, inside the row, without overlap."""
-    occupied = np.zeros((plan.rows, plan.row_len), np.int64)
+    occupied = np.zeros((placement.rows, placement.row_len), np.int64)
     for s, n in enumerate(lengths):
         if n == 0 and layout.packing:
-            assert plan.row_S[s] == -1
+            assert placement.row_S[s] == -1
             continue
-        r, o = plan.row_S[s], plan.offset_S[s]
-        assert 0 <= r < plan.rows and o + n <= plan.row_len
+        r, o = placement.row_S[s], placement.offset_S[s]
+        assert 0 <= r < placement.rows and o + n <= placement.row_len
         occupied[r, o : o + n] += 1
     assert occupied.max() <= 1
-    assert plan.tokens == int(np.sum(lengths)) == occupied.sum()
+    assert placement.tokens == int(np.sum(lengths)) == occupied.sum()
 
 
 def test_hand_worked_layout_segments_positions_and_strided_micro_batches():
@@ -32,21 +32,21 @@ def test_hand_worked_layout_segments_positions_and_strided_micro_batches():
     #   7 (s3) → row 0 (3 left); 6 (s0) → row 1 (4 left); 4 (s2) → row 1 (tightest: 4, 0 left);
     #   3 (s1) → row 0 (3 left → 0); 2 (s4) → row 2. Three filled rows.
     layout = RowLayout(row_len=10, packing=True, micro_rows=2, max_sequences=8)
-    plan = layout.plan([6, 3, 4, 7, 2])
+    placement = layout.place([6, 3, 4, 7, 2])
     # 3 rows need 2 micro-batches of 2 rows (M = 2); filled row j goes to global row
     # (j % 2) * M + j // 2: filled rows 0, 1, 2 → global rows 0, 2, 1.
-    assert plan.micro_batches == 2 and plan.rows == 4
-    np.testing.assert_array_equal(plan.row_S, [2, 0, 2, 0, 1])
-    np.testing.assert_array_equal(plan.offset_S, [0, 7, 6, 0, 0])
-    seg = plan.segment_ids()
+    assert placement.micro_batches == 2 and placement.rows == 4
+    np.testing.assert_array_equal(placement.row_S, [2, 0, 2, 0, 1])
+    np.testing.assert_array_equal(placement.offset_S, [0, 7, 6, 0, 0])
+    seg = placement.segment_ids()
     np.testing.assert_array_equal(seg[0], [1] * 7 + [2] * 3)  # s3 then s1
     np.testing.assert_array_equal(seg[2], [1] * 6 + [2] * 4)  # s0 then s2
     np.testing.assert_array_equal(seg[1], [1, 1] + [0] * 8)  # s4, then empty slots
     np.testing.assert_array_equal(seg[3], [0] * 10)  # a padding row of micro-batch 1
-    pos = plan.positions()
+    pos = placement.positions()
     np.testing.assert_array_equal(pos[0], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2])
     # 22 tokens in 4 rows of 10 slots.
-    assert plan.tokens == 22 and plan.padding_share == pytest.approx(1 - 22 / 40)
+    assert placement.tokens == 22 and placement.padding_share == pytest.approx(1 - 22 / 40)
 
 
 def test_scatter_gather_broadcast_round_trip():
@@ -54,31 +54,31 @@ def test_scatter_gather_broadcast_round_trip():
     lengths = rng.integers(0, 13, 40)
     values = rng.normal(size=(40, 12)).astype(np.float32)
     layout = RowLayout(row_len=16, packing=True, micro_rows=3, max_sequences=40)
-    plan = layout.plan(lengths)
-    _check_plan(plan, lengths, layout)
-    rows = plan.scatter(values, fill=-1.0)
-    back = plan.gather(rows, 12, fill=0.0)
+    placement = layout.place(lengths)
+    _check_placement(placement, lengths, layout)
+    rows = placement.scatter(values, fill=-1.0)
+    back = placement.gather(rows, 12, fill=0.0)
     keep = np.arange(12)[None] < lengths[:, None]
     np.testing.assert_array_equal(back[keep], values[keep])
     assert np.all(back[~keep] == 0.0)
     # Slots without a token hold the fill; a sequence's value lands on each of its tokens.
-    seg = plan.segment_ids()
+    seg = placement.segment_ids()
     assert np.all(rows[seg == 0] == -1.0) and np.all((seg > 0).sum() == lengths.sum())
-    per_token = plan.broadcast(np.arange(40), fill=-1)
+    per_token = placement.broadcast(np.arange(40), fill=-1)
     for s in np.flatnonzero(lengths):
-        r, o = plan.row_S[s], plan.offset_S[s]
+        r, o = placement.row_S[s], placement.offset_S[s]
         assert np.all(per_token[r, o : o + lengths[s]] == s)
 
 
 def test_unpacked_layout_is_one_sequence_per_row_in_fixed_rows():
     lengths = [5, 0, 8, 3]
     layout = RowLayout(row_len=8, packing=False, micro_rows=2, max_sequences=4)
-    plan = layout.plan(lengths)
-    assert plan.rows == 4 and plan.micro_batches == 2  # the row count never varies
-    _check_plan(plan, lengths, layout)
+    placement = layout.place(lengths)
+    assert placement.rows == 4 and placement.micro_batches == 2  # the row count never varies
+    _check_placement(placement, lengths, layout)
     # Sequence j is filled row j: global row (j % 2) * 2 + j // 2.
-    np.testing.assert_array_equal(plan.row_S, [0, 2, 1, 3])
-    seg = plan.segment_ids()
+    np.testing.assert_array_equal(placement.row_S, [0, 2, 1, 3])
+    seg = placement.segment_ids()
     assert set(np.unique(seg)) == {0, 1} and seg[2].sum() == 0  # the empty sequence's row
 
 
@@ -110,7 +110,7 @@ def _optimal_rows(lengths, capacity):
 def test_deterministic_and_independent_of_equal_length_ties():
     lengths = np.array([4, 4, 4, 2, 2, 9, 1, 4])
     layout = RowLayout(row_len=10, packing=True, micro_rows=1, max_sequences=8)
-    a, b = layout.plan(lengths), layout.plan(lengths.copy())
+    a, b = layout.place(lengths), layout.place(lengths.copy())
     np.testing.assert_array_equal(a.row_S, b.row_S)
     np.testing.assert_array_equal(a.offset_S, b.offset_S)
     # Equal lengths are placed in index order: sequence 0 before 1 before 2 before 7.
@@ -131,9 +131,9 @@ def test_micro_batch_count_is_a_capped_power_of_two():
 def test_too_long_or_too_many_sequences_fail_with_the_culprit():
     layout = RowLayout(row_len=8, packing=True, micro_rows=2, max_sequences=3)
     with pytest.raises(ValueError, match=r"sequence 1 has 9 tokens; a row holds 0..8"):
-        layout.plan([3, 9])
+        layout.place([3, 9])
     with pytest.raises(ValueError, match="4 sequences exceed the layout's max_sequences 3"):
-        layout.plan([1, 1, 1, 1])
+        layout.place([1, 1, 1, 1])
     with pytest.raises(ValueError, match="RowLayout.micro_rows must be a positive int"):
         RowLayout(row_len=8, packing=True, micro_rows=0, max_sequences=3)
 
@@ -152,9 +152,9 @@ def test_one_micro_batch_is_cut_to_an_eighth_of_it_in_whole_rows_per_device():
     # Best fit decreasing, capacity 8: 8 (s2) → row 0; 6 (s4) → row 1 (2 left); 5 (s0) → row 2
     # (3 left); 3 (s1) → row 2, the tightest; 2 (s3) → row 1. 3 filled rows → one micro-batch
     # of 8 rows, the filled rows in place.
-    plan = wide.plan([5, 3, 8, 2, 6])
-    assert plan.rows == 8 and plan.micro_batches == 1
-    np.testing.assert_array_equal(plan.row_S, [2, 2, 0, 1, 1])
+    placement = wide.place([5, 3, 8, 2, 6])
+    assert placement.rows == 8 and placement.micro_batches == 1
+    np.testing.assert_array_equal(placement.row_S, [2, 2, 0, 1, 1])
     with pytest.raises(ValueError, match=r"micro_rows \(6\) must be a multiple of row_shards"):
         RowLayout(row_len=8, packing=True, micro_rows=6, max_sequences=8, row_shards=4)
 
@@ -167,12 +167,12 @@ def test_shared_prompt_layout_right_aligns_prompts_and_tables_each_micro_batch()
     )
     assert layout.shared_prompts == (5, 3)
     lengths, prompts = [7, 5, 8, 6, 4, 9], [3, 2, 3, 3, 2, 5]
-    plan = layout.plan(lengths, prompts)
-    np.testing.assert_array_equal(plan.offset_S, [2, 3, 2, 2, 3, 0])  # 5 - prompt length
-    _check_plan(plan, lengths, layout)
+    placement = layout.place(lengths, prompts)
+    np.testing.assert_array_equal(placement.offset_S, [2, 3, 2, 2, 3, 0])  # 5 - prompt length
+    _check_placement(placement, lengths, layout)
     # Sequence j sits in global row (j % 4) * 2 + j // 4: rows 0 2 4 6 1 3.
-    np.testing.assert_array_equal(plan.row_S, [0, 2, 4, 6, 1, 3])
-    table, source = plan.prompt_tables(np.array([7, 7, 9, 7, 9, 8]), groups=3)
+    np.testing.assert_array_equal(placement.row_S, [0, 2, 4, 6, 1, 3])
+    table, source = placement.prompt_tables(np.array([7, 7, 9, 7, 9, 8]), groups=3)
     # Micro-batch 0 = rows 0 2 4 6 (sequences 0 1 2 3: ids 7 7 9 7): prompts 7 (its row 0), 9
     # (its row 2). Micro-batch 1 = rows 1 3 5 7 (sequences 4 5, then two empty rows: ids 9 8).
     np.testing.assert_array_equal(table[0::2], [0, 2, 0, 0])
@@ -180,7 +180,7 @@ def test_shared_prompt_layout_right_aligns_prompts_and_tables_each_micro_batch()
     np.testing.assert_array_equal(table[1::2], [0, 1, 0, 0])
     np.testing.assert_array_equal(source[1::2], [0, 1, 0, 0])
     with pytest.raises(ValueError, match="3 distinct prompts, more than the 2"):
-        plan.prompt_tables(np.array([7, 8, 9, 7, 9, 8]), groups=2)
+        placement.prompt_tables(np.array([7, 8, 9, 7, 9, 8]), groups=2)
 
 
 def test_shared_prompt_layout_refuses_what_it_cannot_hold():
@@ -192,8 +192,8 @@ def test_shared_prompt_layout_refuses_what_it_cannot_hold():
         RowLayout(10, False, 4, 8, prompt_slots=10, prompt_groups=2)
     layout = RowLayout(10, False, 4, 8, prompt_slots=5, prompt_groups=2)
     with pytest.raises(ValueError, match="need the prompt lengths"):
-        layout.plan([6, 7])
+        layout.place([6, 7])
     with pytest.raises(ValueError, match="sequence 1 \\(6 prompt tokens of 8\\)"):
-        layout.plan([6, 8], [3, 6])  # a prompt longer than the prompt slots
+        layout.place([6, 8], [3, 6])  # a prompt longer than the prompt slots
     with pytest.raises(ValueError, match="sequence 0 \\(2 prompt tokens of 9\\)"):
-        layout.plan([9, 8], [2, 3])  # a response past the row's end
+        layout.place([9, 8], [2, 3])  # a response past the row's end

@@ -351,7 +351,7 @@ def code_name_problems(root: Path, md_files: list[Path]) -> tuple[list[str], int
 def test_the_code_name_checker_finds_what_is_broken(tmp_path):
     md = tmp_path / "page.md"
     md.write_text(
-        "`generate.resample` `rollouts.resample` `loop.generate.no_such` `dynamo_jax.loop.rl_step`\n"
+        "`generate.generate` `rollouts.resample` `loop.generate.no_such` `dynamo_jax.loop.rl_step`\n"
         "`train.steps` `train.packing=True` `loss.no_such_key` `RunConfig.budget` `RunConfig.nope`\n"
         "`losses/variants.py` `losses/nope.py` `tests/test_docs.py::test_github_anchor`\n"
         "`tests/test_docs.py::test_nope` `variants.py` `nope.py`\n"

@@ -45,9 +45,9 @@ def _capture(monkeypatch, engine_is_trainer=False):
     monkeypatch.setattr(rl_step, "corrected", corrected)
     real_update = rl_step.update
 
-    def update(tr, step, batch):
-        updates[step] = batch
-        return real_update(tr, step, batch)
+    def update(tr, batch, order):  # once a step: keyed by step
+        updates[len(updates) + 1] = batch
+        return real_update(tr, batch, order)
 
     monkeypatch.setattr(rl_step, "update", update)
     return seen, updates

@@ -63,9 +63,9 @@ def _capture_updates(monkeypatch):
     batches = {}
     real_update = rl_step.update
 
-    def update(tr, step, batch):
-        batches[step] = batch
-        return real_update(tr, step, batch)
+    def update(tr, batch, order):  # once a step: keyed by step
+        batches[len(batches) + 1] = batch
+        return real_update(tr, batch, order)
 
     monkeypatch.setattr(rl_step, "update", update)
     return batches

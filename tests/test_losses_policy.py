@@ -283,7 +283,7 @@ def _layouts(seed=21, S=10, L=9, prompt_max=3):
     padded, one sequence per row (segment ids 1 on its tokens), and packed several per row by
     `data.packing` (rows left over are empty). Sequence s = p_s untrained prompt slots, then its
     response (the reference's ragged mask: one empty, some with A = 0); rows are twice the
-    longest sequence. Returns (padded inputs dict, padded batch, packed batch, plan)."""
+    longest sequence. Returns (padded inputs dict, padded batch, packed batch, placement)."""
     from dynamo_jax.data.packing import RowLayout
 
     rng = np.random.default_rng(seed)
@@ -307,13 +307,13 @@ def _layouts(seed=21, S=10, L=9, prompt_max=3):
     padded = to_batch(inp)._replace(
         segment_ids=jnp.asarray(np.arange(W)[None] < lengths[:, None], jnp.int32)
     )
-    plan = RowLayout(row_len=W, packing=True, micro_rows=S, max_sequences=S).plan(lengths)
+    placement = RowLayout(row_len=W, packing=True, micro_rows=S, max_sequences=S).place(lengths)
     packed_inp = {
-        k: plan.scatter(v, fill=0.0) for k, v in inp.items() if k not in ("mask", "group")
+        k: placement.scatter(v, fill=0.0) for k, v in inp.items() if k not in ("mask", "group")
     }
-    packed_inp["mask"] = plan.scatter(inp["mask"], fill=False)
-    packed = to_batch(packed_inp)._replace(segment_ids=jnp.asarray(plan.segment_ids()))
-    return inp, padded, packed, plan
+    packed_inp["mask"] = placement.scatter(inp["mask"], fill=False)
+    packed = to_batch(packed_inp)._replace(segment_ids=jnp.asarray(placement.segment_ids()))
+    return inp, padded, packed, placement
 
 
 @jax.jit(static_argnums=0)
@@ -346,8 +346,8 @@ def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
     """docs/algorithm.md#packed-sequences: the same sequences packed several to a row (segment ids) or one per
     padded row give the same loss, metrics and per-token gradients, for every baseline and
     aggregation mode and both ΔH modes; the padded value is also the float64 reference's."""
-    inp, padded, packed, plan = _layouts()
-    assert plan.rows < len(inp["mask"]) and plan.segment_ids().max() >= 3  # really packed
+    inp, padded, packed, placement = _layouts()
+    assert placement.rows < len(inp["mask"]) and placement.segment_ids().max() >= 3  # really packed
     (loss, metrics), (g_lp, g_ent) = _loss_metrics_grads(cfg, padded)
     (p_loss, p_metrics), (p_lp, p_ent) = _loss_metrics_grads(cfg, packed)
     assert_close(loss, ref.policy_loss(inp, cfg)[0])
@@ -358,7 +358,9 @@ def test_packed_rows_give_the_padded_loss_metrics_and_gradients(cfg):
         assert_close(p_metrics[key], float(metrics[key]), atol=1e-6)
     width = inp["mask"].shape[1]
     for got, want in ((p_lp, g_lp), (p_ent, g_ent)):
-        assert_close(plan.gather(np.asarray(got), width), np.asarray(want) * inp["mask"], atol=1e-7)
+        assert_close(
+            placement.gather(np.asarray(got), width), np.asarray(want) * inp["mask"], atol=1e-7
+        )
 
 
 # ----------------------------------------------------------------------------- prompt-mean

@@ -60,6 +60,13 @@ def _step(cfg, params, rollouts, layout, loss_cfg, on_policy):
     return {k: float(v) for k, v in metrics.items()}, new_state.opt_state
 
 
+def _old_logprobs(rollouts, logprob, params, seqs=None):
+    """The loop's log-prob pass over `seqs` (default every row), laid out as the loop does."""
+    seqs = np.arange(rollouts.rows) if seqs is None else seqs
+    rows = assemble.device_rows(rollouts, seqs, logprob.layout, logprob.batch_shardings)
+    return behaviour_pass.old_logprobs(rollouts, rows, logprob, params, None)
+
+
 @pytest.mark.parametrize("loss", ["grpo", "dynamo"])
 @pytest.mark.parametrize("layout", [PADDED, PACKED], ids=["padded", "packed-accumulated"])
 def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
@@ -68,7 +75,7 @@ def test_on_policy_step_equals_step_after_the_logprob_pass(tiny3, loss, layout):
     loss_cfg = LossConfig.preset(loss)
     # With the pass: π_old from the trainer's forward over the batch (what loop/rl_step.py does).
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    with_pass = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
+    with_pass = _old_logprobs(rollouts, logprob, params)
     ref_m, ref_g = _step(cfg, params, with_pass, layout, loss_cfg, on_policy=False)
     # Without: old_logp is garbage and must not matter.
     garbage = dataclasses.replace(
@@ -167,14 +174,14 @@ def test_not_skipped_when_its_entropy_or_reference_is_used():
 
 
 def test_the_pass_over_some_rows_is_the_whole_pass_on_them(tiny3):
-    """`old_logprobs(seqs=...)`: the rows it scores hold what the pass over every row gives them
+    """`old_logprobs` over some rows: the rows it scores hold what the pass over every row gives them
     (other rows share their packed rows there), the rows it leaves out hold NaN."""
     cfg, params = tiny3
     rollouts, _, _ = make_rollouts(cfg, params)
     logprob = make_logprob_fn(cfg, sub_mesh((1, 1, 1)), DEFAULT_RULES, PACKED)
-    whole = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
+    whole = _old_logprobs(rollouts, logprob, params)
     seqs = np.array([0, 3, 4, 5, 9, 10, 14])  # 5: the empty row
-    part = behaviour_pass.old_logprobs(rollouts, logprob, params, None, seqs)
+    part = _old_logprobs(rollouts, logprob, params, seqs)
     left_out = np.setdiff1d(np.arange(N_SEQ), seqs)
     trained = rollouts.loss_mask[seqs] > 0
     assert trained.sum() > 20
@@ -189,16 +196,15 @@ def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, 
     """The tiny GRPO config, 2 updates a step, 2 steps, with and without the skip: the pass
     scores exactly the rows of the updates after the first (the rows `mini_batch_order` gives
     them) and the two runs' losses, gradient norms and final parameters agree."""
-    from dynamo_jax.loop import rl_step as rl_step_module
     from dynamo_jax.loop import train
     from dynamo_jax.reporting.metrics import read_metrics
 
     scored_rows = []
     whole_pass = behaviour_pass.old_logprobs
 
-    def spy(batch, logprob, params, ref_params, seqs=None):
-        scored_rows.append(None if seqs is None else np.asarray(seqs))
-        return whole_pass(batch, logprob, params, ref_params, seqs)
+    def spy(batch, rows, *args):
+        scored_rows.append(rows.seqs)
+        return whole_pass(batch, rows, *args)
 
     monkeypatch.setattr(behaviour_pass, "old_logprobs", spy)
     runs = {}
@@ -214,9 +220,12 @@ def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, 
         summary = train.run(cfg, workdir)
         assert summary.exit_code == 0
         runs[skip] = (read_metrics(workdir), list(scored_rows), _final_params(workdir, config))
-    assert runs[False][1] == [None, None]  # every row, every step
+    assert len(runs[False][1]) == 2  # every row, every step
+    for seqs in runs[False][1]:
+        np.testing.assert_array_equal(seqs, np.arange(cfg.budget))
+    assert len(runs[True][1]) == 2
     for step, seqs in enumerate(runs[True][1], start=1):
-        order = rl_step_module.mini_batch_order(from_config_dict(config), step, cfg.budget)
+        order = assemble.mini_batch_order(from_config_dict(config), step, cfg.budget)
         np.testing.assert_array_equal(seqs, np.sort(order[1]))  # the second update's rows
     with_pass, without = runs[False][0], runs[True][0]
     for a, b in zip(with_pass, without):

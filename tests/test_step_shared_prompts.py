@@ -62,7 +62,7 @@ def _step(cfg, params, rollouts, layout, loss_cfg):
         micro_batches=layout.max_micro_batches,
         shared_prompts=layout.shared_prompts,
     )
-    rows, plan = assemble.lay_out(rollouts, np.arange(ROWS), layout, tuple(batch_sh))
+    rows, _ = assemble.lay_out(rollouts, np.arange(ROWS), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     return {k: float(v) for k, v in metrics.items()}, jax.tree.leaves(new_state.opt_state), rows
@@ -104,7 +104,10 @@ def test_the_logprob_pass_with_shared_prompts_equals_the_unshared_one(tiny3):
     for name, layout in (("unshared", UNSHARED), ("shared", SHARED_ACCUMULATED)):
         logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, layout)
         assert ("prompt_table" in logprob.batch_shardings) == (layout.prompt_slots > 0)
-        runs[name] = behaviour_pass.old_logprobs(rollouts, logprob, params, None)
+        rows = assemble.device_rows(
+            rollouts, np.arange(ROWS), logprob.layout, logprob.batch_shardings
+        )
+        runs[name] = behaviour_pass.old_logprobs(rollouts, rows, logprob, params, None)
     trained = rollouts.loss_mask > 0
     assert trained.sum() > 60
     for field in ("old_logp", "entropy"):

@@ -290,7 +290,7 @@ def test_bad_batch_geometry_fails_before_compiling(setups):
 
 
 def _layout_step(cfg, params, rollouts, layout, loss_cfg, mesh_shape):
-    """(metrics, grads, plan) of one update on `rollouts` laid out by `layout`."""
+    """(metrics, grads, placement) of one update on `rollouts` laid out by `layout`."""
     mesh = sub_mesh(mesh_shape)
     opt = grad_recorder()
     step, state_sh, batch_sh = make_train_step(
@@ -302,11 +302,11 @@ def _layout_step(cfg, params, rollouts, layout, loss_cfg, mesh_shape):
         batch_size=layout.max_rows,
         micro_batches=layout.max_micro_batches,
     )
-    rows, plan = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
+    rows, placement = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, tuple(batch_sh))
     state = train_state_from_params(params, opt, state_sh)
     new_state, metrics = step.lower(state, rows).compile(FAST_COMPILE)(state, rows)
     grads = jax.tree.map(np.asarray, new_state.opt_state)
-    return {k: float(v) for k, v in metrics.items()}, grads, plan
+    return {k: float(v) for k, v in metrics.items()}, grads, placement
 
 
 PACKING_CASES = [
@@ -343,13 +343,13 @@ def test_packed_step_equals_padded_step(setups, label, mesh_shape, loss_cfg):
     per-token outputs and backward pass are checked for any cotangent below."""
     cfg, params, _ = setups["tiny-qwen3"]
     rollouts, _, _ = make_rollouts(cfg, params)
-    ref_m, ref_g, ref_plan = _layout_step(cfg, params, rollouts, PADDED, loss_cfg, mesh_shape)
-    m, g, plan = _layout_step(cfg, params, rollouts, PACKED, loss_cfg, mesh_shape)
+    ref_m, ref_g, ref_placement = _layout_step(cfg, params, rollouts, PADDED, loss_cfg, mesh_shape)
+    m, g, placement = _layout_step(cfg, params, rollouts, PACKED, loss_cfg, mesh_shape)
     # The packed layout is what it claims: rows shared by sequences, a skipped micro-batch.
-    filled = len(np.unique(plan.row_S[plan.row_S >= 0]))
+    filled = len(np.unique(placement.row_S[placement.row_S >= 0]))
     # 15 sequences in 9-12 rows (3 micro-batches of 4), bucketed up to 4 micro-batches.
-    assert plan.micro_batches == 4 and 8 < filled <= 12 and plan.rows == 16
-    assert ref_plan.micro_batches == 1 and ref_plan.rows == N_SEQ
+    assert placement.micro_batches == 4 and 8 < filled <= 12 and placement.rows == 16
+    assert ref_placement.micro_batches == 1 and ref_placement.rows == N_SEQ
     assert ref_m["sequences"] == m["sequences"] == N_SEQ - 1
     assert set(m) == set(ref_m)
     for key, value in ref_m.items():
@@ -365,9 +365,11 @@ def test_prompt_mean_micro_batches_on_a_mesh_give_the_one_batch_update(setups):
     rollouts, _, _ = make_rollouts(cfg, params)
     prompt_mean = LossConfig(loss_agg_mode="prompt-mean")
     split = dataclasses.replace(PADDED, micro_rows=4)
-    ref_m, ref_g, ref_plan = _layout_step(cfg, params, rollouts, PADDED, prompt_mean, (1, 1, 1))
-    m, g, plan = _layout_step(cfg, params, rollouts, split, prompt_mean, (2, 2, 2))
-    assert ref_plan.micro_batches == 1 and plan.micro_batches >= 2
+    ref_m, ref_g, ref_placement = _layout_step(
+        cfg, params, rollouts, PADDED, prompt_mean, (1, 1, 1)
+    )
+    m, g, placement = _layout_step(cfg, params, rollouts, split, prompt_mean, (2, 2, 2))
+    assert ref_placement.micro_batches == 1 and placement.micro_batches >= 2
     for key, value in ref_m.items():
         np.testing.assert_allclose(m[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
     assert_trees_close(g, ref_g, 1e-5)
@@ -389,8 +391,8 @@ def test_packed_forward_and_backward_equal_padded(setups):
     fields = ("tokens", "positions", "segment_ids", "loss_mask", "temperature")
     out = {}
     for name, layout in (("padded", PADDED), ("packed", PACKED)):
-        rows, plan = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, fields)
-        c, d = plan.scatter(cot[0]), plan.scatter(cot[1])
+        rows, placement = assemble.lay_out(rollouts, np.arange(N_SEQ), layout, fields)
+        c, d = placement.scatter(cot[0]), placement.scatter(cot[1])
 
         def f(p, rows=rows, c=c, d=d):
             logp, ent, k = token_stats(
@@ -400,7 +402,7 @@ def test_packed_forward_and_backward_equal_padded(setups):
 
         fn = jax.jit(jax.value_and_grad(f, has_aux=True))
         (_, per_token), grads = fn.lower(params).compile(FAST_COMPILE)(params)
-        back = [plan.gather(np.asarray(x), MAX_LEN) for x in per_token]
+        back = [placement.gather(np.asarray(x), MAX_LEN) for x in per_token]
         out[name] = (back, grads)
     scored = rollouts.loss_mask > 0
     (logp, ent, k), grads = out["packed"]
@@ -422,9 +424,9 @@ def test_old_logprobs_stage_packs_and_unpacks(setups):
     mesh = sub_mesh((1, 2, 4))
     logprob = make_logprob_fn(cfg, mesh, DEFAULT_RULES, PACKED)
     placed = jax.device_put(params, model_param_shardings(cfg, mesh, DEFAULT_RULES))
-    got = behaviour_pass.old_logprobs(
-        dataclasses.replace(rollouts, old_logp=None), logprob, placed, None
-    )
+    batch = dataclasses.replace(rollouts, old_logp=None)
+    rows = assemble.device_rows(batch, np.arange(N_SEQ), logprob.layout, logprob.batch_shardings)
+    got = behaviour_pass.old_logprobs(batch, rows, logprob, placed, None)
     scored = rollouts.loss_mask > 0
     for x, want in ((got.old_logp, want_logp), (got.entropy, want_ent)):
         assert x.shape == (N_SEQ, MAX_LEN)

@@ -42,8 +42,8 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class RowLayout:
-    """How sequences become the rows of one call of a jitted function (a mini-batch, or the
-    whole rollout batch for the log-prob pass)."""
+    """The geometry of one call's rows (a mini-batch, or the whole rollout batch for the log-prob
+    pass): row length, packing, micro-batch rows, row shards. `place` puts sequences into it."""
 
     row_len: int  # L: token slots per row (train.pack_len, default the run's max_seq_len)
     packing: bool  # several whole sequences per row; False: one sequence per row
@@ -118,7 +118,7 @@ class RowLayout:
         m = self.micro_batches_for(filled_rows)
         return m * self.micro_rows, m
 
-    def plan(self, lengths_S, prompt_lengths_S=None) -> RowPlan:
+    def place(self, lengths_S, prompt_lengths_S=None) -> Placement:
         """Where each sequence goes. `lengths_S`: tokens per sequence (0: left out, no tokens);
         `prompt_lengths_S`: its prompt's tokens, needed with shared prompts (each sequence then
         starts at slot prompt_slots - its prompt length)."""
@@ -145,12 +145,12 @@ class RowLayout:
         row = np.where(
             fill_row >= 0, (fill_row % self.micro_rows) * m + fill_row // self.micro_rows, -1
         )
-        return RowPlan(row, offset, lengths, rows, self.row_len, m)
+        return Placement(row, offset, lengths, rows, self.row_len, m)
 
     def _prompt_offsets(self, lengths: np.ndarray, prompt_lengths_S) -> np.ndarray:
         """Each sequence's first slot, so that its prompt ends at slot prompt_slots - 1."""
         if prompt_lengths_S is None:
-            raise ValueError("RowLayout.plan: shared prompts need the prompt lengths")
+            raise ValueError("RowLayout.place: shared prompts need the prompt lengths")
         prompt = np.asarray(prompt_lengths_S, np.int64).reshape(-1)
         offset = np.where(lengths > 0, self.prompt_slots - prompt, 0)
         bad = (offset < 0) | (prompt < 1) | (prompt > lengths) | (offset + lengths > self.row_len)
@@ -189,9 +189,10 @@ def best_fit_decreasing(lengths_S: np.ndarray, capacity: int) -> tuple[np.ndarra
 
 
 @dataclasses.dataclass(frozen=True)
-class RowPlan:
-    """The rows of one call: sequence s occupies slots [offset_S[s], offset_S[s] + length_S[s])
-    of row row_S[s] (-1: left out). `rows` = micro_batches · micro_rows (padding rows empty)."""
+class Placement:
+    """Where each sequence of one call sits in its `RowLayout`'s rows (`RowLayout.place`):
+    sequence s occupies slots [offset_S[s], offset_S[s] + length_S[s]) of row row_S[s] (-1: left
+    out). `rows` = micro_batches · micro_rows (padding rows empty)."""
 
     row_S: np.ndarray  # int64 [S]
     offset_S: np.ndarray  # int64 [S]
@@ -272,6 +273,27 @@ class RowPlan:
             rank[order] = np.arange(len(order))
             table[micro::m][: len(uniq)] = real[first[order]]
             source[micro::m][real] = rank[inverse]
+        return table, source
+
+    def shared_prompt_tables(
+        self, prompt_id_S, tokens_SxW, mask_SxW, slots: int, groups: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`prompt_tables`, after checking that the rows said to share a prompt hold the very same
+        first `slots` token slots (`tokens_SxW` under `mask_SxW`): the model runs one of them."""
+        table, source = self.prompt_tables(prompt_id_S, groups)
+        m = self.micro_batches
+        tokens = self.scatter(tokens_SxW)[:, :slots]
+        mask = self.scatter(mask_SxW)[:, :slots]
+        # Row r = k·M + micro reads its micro-batch's table entry source[r]: row entry·M + micro.
+        local = table.reshape(-1, m)[source.reshape(-1, m), np.arange(m)].reshape(-1)
+        holder = local * m + np.arange(self.rows) % m
+        same = (mask == mask[holder]).all(axis=1) & (tokens == tokens[holder]).all(axis=1)
+        differs = np.flatnonzero(~same & mask.any(axis=1))  # empty rows read any prompt, unused
+        if len(differs):
+            raise ValueError(
+                f"rows {int(differs[0])} and {int(holder[differs[0]])} of a shared-prompt layout "
+                "have the same prompt id but different prompt tokens"
+            )
         return table, source
 
     def positions(self) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 In the order a step runs them (rl_step.py calls them so; docs/design.md#one-step-as-data):
 - generate.py: request a batch (prompts, allocation n_i, temperature τ, seed) from the rollout
-  engine, take it, score it; dynamic_sampling.py: DAPO's further rounds (`generate.resample`);
-- assemble.py: the scored completions → the fixed-shape `RolloutBatch` with advantages, and the
-  rows of a row layout the jitted functions take;
+  engine, take it, score it, and DAPO's further rounds (dynamic_sampling.py), one stage
+  (`generate.generate`);
+- assemble.py: the scored completions → the fixed-shape `RolloutBatch` with advantages, each
+  update's rows (`mini_batch_order`), and a set of its sequences laid into the rows of a row
+  layout on the devices (`device_rows`), as the jitted functions take them;
 - behaviour_pass.py: π_old (the behaviour policy's log-probs), the entropy and π_ref per token;
 - rl_step.py: `rl_step` runs the stages above, then `update` (the optimizer steps) and `record`
   (allocator history, temperature scheduler), and returns a `StepOutcome`;

@@ -13,8 +13,10 @@ mini-batches and one for the log-prob pass (`StepLayouts`, fixed once per run by
 and kept by the `Trainer`, loop/build.py): `lay_out` lays a
 set of the batch's sequences (the whole batch for the old-log-prob pass, one shuffled mini-batch
 for an update) into rows, packed several to a row or one per row, with the per-token fields of
-step/forward.py's convention, and returns the `RowPlan`: where each sequence went, whose `gather`
-brings per-token outputs back to the batch's rows.
+step/forward.py's convention, and returns the `Placement`: where each sequence went, whose `gather`
+brings per-token outputs back to the batch's rows. `device_rows` does that and feeds the rows to
+the devices, one typed `DeviceRows` per jitted call: the pass's (laid out once, for every forward
+of the pass) and each update's (the sequences `mini_batch_order` gives it).
 Every process of a multi-process run holds the whole batch and builds the same rows.
 """
 
@@ -22,16 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
 
 from dynamo_jax import tasks
 from dynamo_jax.config import RunConfig
-from dynamo_jax.data.packing import RowLayout, RowPlan
+from dynamo_jax.data.packing import Placement, RowLayout
 from dynamo_jax.losses.advantages import sequence_advantages
 from dynamo_jax.rollout.protocol import Completion
+from dynamo_jax.seeds import MINI_BATCH, step_seed
+from dynamo_jax.sharding import multihost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,28 +220,28 @@ def prompt_weights(
 
 # Row fields that are not a RolloutBatch array laid out token by token.
 _DERIVED_FIELDS = {
-    "positions": lambda plan, batch, seqs: plan.positions(),
-    "segment_ids": lambda plan, batch, seqs: plan.segment_ids(),
-    "advantages": lambda plan, batch, seqs: plan.broadcast(batch.advantages[seqs], 0.0),
-    "seq_weight": lambda plan, batch, seqs: plan.broadcast(
+    "positions": lambda placement, batch, seqs: placement.positions(),
+    "segment_ids": lambda placement, batch, seqs: placement.segment_ids(),
+    "advantages": lambda placement, batch, seqs: placement.broadcast(batch.advantages[seqs], 0.0),
+    "seq_weight": lambda placement, batch, seqs: placement.broadcast(
         prompt_weights(batch.prompt_id, batch.valid, batch.loss_mask)[seqs], 0.0
     ),
-    "sequence_index": lambda plan, batch, seqs: plan.broadcast(
+    "sequence_index": lambda placement, batch, seqs: placement.broadcast(
         np.arange(len(seqs), dtype=np.int32)
     ),
-    "temperature": lambda plan, batch, seqs: np.float32(batch.temperature),
-    # 0: the update reads `old_logp`; rl_step.update sets 1 for the on-policy first update.
-    "on_policy": lambda plan, batch, seqs: np.float32(0.0),
+    "temperature": lambda placement, batch, seqs: np.float32(batch.temperature),
+    # 0: the update reads `old_logp`; `device_rows` sets 1 for the on-policy first update.
+    "on_policy": lambda placement, batch, seqs: np.float32(0.0),
 }
 
 
 def lay_out(
     batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout, fields: Sequence[str]
-) -> tuple[dict[str, np.ndarray], RowPlan]:
+) -> tuple[dict[str, np.ndarray], Placement]:
     """The sequences `seqs` (rows of `batch`, in mini-batch order) as `layout`'s rows.
 
     Returns the named fields ([R, L] per token, `temperature` and `on_policy` 0-d float32) and
-    the plan, whose `rows` is R. Positions restart at 0 for every sequence; `advantages` puts
+    the placement, whose `rows` is R. Positions restart at 0 for every sequence; `advantages` puts
     each sequence's advantage on its tokens; `sequence_index` is the sequence's index in `seqs`.
     Packed, the sequences with no trained token are left out: nothing reads them.
     """
@@ -258,43 +262,67 @@ def lay_out(
     prompt_lengths = None
     if layout.prompt_slots:
         prompt_lengths = lengths - batch.response_len[seqs]
-    plan = layout.plan(lengths, prompt_lengths)
+    placement = layout.place(lengths, prompt_lengths)
     out = {}
     for name in fields:
         if name in _DERIVED_FIELDS:
-            out[name] = _DERIVED_FIELDS[name](plan, batch, seqs)
+            out[name] = _DERIVED_FIELDS[name](placement, batch, seqs)
             continue
         if name in ("prompt_table", "prompt_source"):
             if name not in out:
-                out.update(_prompt_fields(plan, batch, seqs, layout))
+                out["prompt_table"], out["prompt_source"] = placement.shared_prompt_tables(
+                    batch.prompt_id[seqs],
+                    batch.tokens[seqs],
+                    batch.attention_mask[seqs],
+                    layout.prompt_slots,
+                    layout.prompt_groups,
+                )
             continue
         value = getattr(batch, name, None)
         if value is None:
             raise ValueError(f"RolloutBatch.{name} is not set at this stage of the step")
-        out[name] = plan.scatter(np.asarray(value)[seqs])
-    return out, plan
+        out[name] = placement.scatter(np.asarray(value)[seqs])
+    return out, placement
 
 
-def _prompt_fields(
-    plan: RowPlan, batch: RolloutBatch, seqs: np.ndarray, layout: RowLayout
-) -> dict[str, np.ndarray]:
-    """The shared-prompt table of the rows (RowPlan.prompt_tables), after checking that rows
-    said to share a prompt hold the very same prompt slots (the model runs one of them)."""
-    table, source = plan.prompt_tables(batch.prompt_id[seqs], layout.prompt_groups)
-    m, p = plan.micro_batches, layout.prompt_slots
-    tokens = plan.scatter(batch.tokens[seqs])[:, :p]
-    mask = plan.scatter(batch.attention_mask[seqs])[:, :p]
-    # Row r = k·M + micro reads its micro-batch's table entry source[r]: row entry·M + micro.
-    local = table.reshape(-1, m)[source.reshape(-1, m), np.arange(m)].reshape(-1)
-    holder = local * m + np.arange(plan.rows) % m
-    same = (mask == mask[holder]).all(axis=1) & (tokens == tokens[holder]).all(axis=1)
-    differs = np.flatnonzero(~same & mask.any(axis=1))  # empty rows read any prompt, unused
-    if len(differs):
-        raise ValueError(
-            f"rows {int(differs[0])} and {int(holder[differs[0]])} of a shared-prompt layout have "
-            "the same prompt id but different prompt tokens"
-        )
-    return {"prompt_table": table, "prompt_source": source}
+@dataclasses.dataclass(frozen=True)
+class DeviceRows:
+    """A set of the batch's sequences as one jitted call takes them (`device_rows`)."""
+
+    arrays: dict[str, jax.Array]  # the named fields, global arrays on the call's shardings
+    placement: Placement  # where each of `seqs` sits in the rows (`gather` brings outputs back)
+    seqs: np.ndarray  # int64 [S] the batch rows laid out, in order
+
+
+def device_rows(
+    batch: RolloutBatch,
+    seqs: np.ndarray,
+    layout: RowLayout,
+    shardings: Mapping[str, jax.sharding.Sharding],
+    on_policy: bool = False,
+) -> DeviceRows:
+    """The sequences `seqs` laid into `layout`'s rows (`lay_out`, the fields `shardings` names)
+    and fed to the devices: each process feeds its own rows of the batch every process holds.
+    `on_policy`: the update takes π_old = stop_gradient(π) of its own forward (the on-policy
+    first update: RunConfig.first_update_on_policy)."""
+    rows, placement = lay_out(batch, seqs, layout, tuple(shardings))
+    if "on_policy" in rows:
+        rows["on_policy"] = np.float32(on_policy)
+    arrays = multihost.global_batch_from_host(rows, shardings, placement.rows)
+    return DeviceRows(arrays, placement, np.asarray(seqs, np.int64))
+
+
+def mini_batch_order(cfg: RunConfig, step: int, rows: int) -> list[np.ndarray]:
+    """The batch rows each of the step's updates trains on, in order: `ppo_epochs` passes over
+    the rows, each a permutation seeded by (train.seed, step) (or in order, without
+    train.shuffle_mini_batches), cut into mini_batch_size pieces."""
+    size = cfg.train.mini_batch_size
+    rng = np.random.default_rng(step_seed(cfg.train.seed, step, MINI_BATCH))
+    order = []
+    for _ in range(cfg.train.ppo_epochs):
+        perm = rng.permutation(rows) if cfg.train.shuffle_mini_batches else np.arange(rows)
+        order += [perm[start : start + size] for start in range(0, rows, size)]
+    return order
 
 
 # One compiled program per (loss config, group count): run eagerly, the advantages' few dozen

@@ -1,7 +1,7 @@
 """The trainer's log-prob passes over a rollout batch.
 
 `old_logprobs` runs the trainer's forward (step/forward.py) over a batch's sequences laid into
-rows (packed or one per row, data/packing.py): log π, the entropy H and, with a KL term, log π_ref
+rows (packed or one per row, data/packing.py), on the devices once (assemble.py `device_rows`): log π, the entropy H and, with a KL term, log π_ref
 per token at the batch's temperature. `behaviour_logprobs` turns that into the ratio's
 denominator: π_old is the policy that generated the batch (docs/algorithm.md#asynchronous-rollouts), which is the
 trainer's current policy when the batch is on-policy, else the generating version's kept
@@ -25,7 +25,7 @@ import numpy as np
 from dynamo_jax import tasks
 from dynamo_jax.config import RunConfig
 from dynamo_jax.loop import assemble
-from dynamo_jax.loop.assemble import RolloutBatch, build_batch
+from dynamo_jax.loop.assemble import DeviceRows, RolloutBatch, build_batch
 from dynamo_jax.loop.timings import Stopwatch
 from dynamo_jax.losses import rollout_correction
 from dynamo_jax.rollout.pipeline import BatchPlan, Behaviour, RolloutPipeline, TakenBatch
@@ -35,35 +35,25 @@ from dynamo_jax.step.forward import LogprobFn
 
 
 def old_logprobs(
-    batch: RolloutBatch,
-    logprob: LogprobFn,
-    params: Any,
-    ref_params: Any,
-    seqs: np.ndarray | None = None,
+    batch: RolloutBatch, rows: DeviceRows, logprob: LogprobFn, params: Any, ref_params: Any
 ) -> RolloutBatch:
     """The batch with π_old's (and π_ref's) log-probs and π_old's entropy at its temperature,
-    from the trainer's own forward over the batch's sequences in `logprob.layout`'s rows.
-
-    `seqs`: the rows to score (default all of them); the others' values are NaN, so that a
-    reader that should not have read them (the on-policy first update) shows it."""
-    scored = np.arange(batch.rows) if seqs is None else np.asarray(seqs, np.int64)
-    rows, plan = assemble.lay_out(batch, scored, logprob.layout, logprob.batch_shardings)
-    # Each process feeds its own rows; outputs come back whole to every process.
-    model_in = multihost.global_batch_from_host(rows, logprob.batch_shardings, plan.rows)
+    from the trainer's own forward over `rows`: the batch's sequences `rows.seqs` laid into
+    `logprob.layout`'s rows (assemble.device_rows). The rows not laid out (the on-policy first
+    update's) get NaN, so that a reader that should not have read them shows it."""
     width = batch.tokens.shape[1]
 
     def back(x):
-        values = plan.gather(multihost.host_copy(x), width, 0.0)
-        if seqs is None:
-            return values
+        # Outputs come back whole to every process.
+        values = rows.placement.gather(multihost.host_copy(x), width, 0.0)
         out = np.full((batch.rows, width), np.nan, values.dtype)
-        out[scored] = values
+        out[rows.seqs] = values
         return out
 
-    logp, ent = logprob(params, model_in)
+    logp, ent = logprob(params, rows.arrays)
     ref_logp = None
     if ref_params is not None:
-        ref_logp = back(logprob(ref_params, model_in)[0])
+        ref_logp = back(logprob(ref_params, rows.arrays)[0])
     old_logp, entropy = back(logp), back(ent)
     return dataclasses.replace(batch, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy)
 
@@ -107,26 +97,27 @@ def behaviour_logprobs(
     batch: RolloutBatch,
     taken: TakenBatch,
     forward: TrainerForward,
-    seqs: np.ndarray | None = None,
+    rows: DeviceRows,
 ) -> LogprobPass:
     """The batch with π_old = the behaviour policy that sampled it (rollout/pipeline.py), the
     current policy's entropy (and π_ref), and the log-prob metrics.
 
-    The trainer's forward with its current parameters (version step − 1) always runs: it is
-    π_old when the batch is on-policy, and the entropy and the reported staleness otherwise.
-    `seqs`: score only these rows (the others NaN: RunConfig.first_update_on_policy), which
-    only an on-policy batch allows.
+    The trainer's forward with its current parameters (version step − 1) always runs over `rows`:
+    it is π_old when the batch is on-policy, and the entropy and the reported staleness otherwise.
+    `rows` may leave rows of the batch out (their values NaN: RunConfig.first_update_on_policy),
+    which only an on-policy batch allows.
     """
     step = taken.plan.step
-    if seqs is not None and pipeline.report_behaviour:
+    partial = len(rows.seqs) < batch.rows
+    if partial and pipeline.report_behaviour:
         raise ValueError("only an on-policy batch can leave rows out of the log-prob pass")
     with Stopwatch() as clock:
-        batch = old_logprobs(batch, forward.logprob, forward.params, forward.ref_params, seqs)
+        batch = old_logprobs(batch, rows, forward.logprob, forward.params, forward.ref_params)
     timings = {"time/old_logprobs": clock.seconds}
     mask = batch.loss_mask
-    if seqs is not None:
+    if partial:
         mask = np.zeros_like(mask)
-        mask[seqs] = batch.loss_mask[seqs]
+        mask[rows.seqs] = batch.loss_mask[rows.seqs]
     # Current trainer vs engine on the sampled tokens: ~0 when on-policy in float32; grows with
     # staleness (the engine sampled with older weights) and with the engine's numerics.
     metrics = {
@@ -152,7 +143,10 @@ def behaviour_logprobs(
         behaviour = taken.behaviour.logp
     elif taken.behaviour_params is not None:
         with Stopwatch() as clock:
-            behaviour = old_logprobs(batch, forward.logprob, taken.behaviour_params, None).old_logp
+            # The same rows on the devices: the version's parameters score the same sequences.
+            behaviour = old_logprobs(
+                batch, rows, forward.logprob, taken.behaviour_params, None
+            ).old_logp
         timings["time/behaviour_logprobs"] = clock.seconds
     else:
         raise RuntimeError(
@@ -216,6 +210,9 @@ class BehaviourAhead:
     def behaviour(self, plan: BatchPlan, completions: list[Completion], params: Any) -> Behaviour:
         zeros = np.zeros(self.cfg.budget, np.float32)  # the layout does not depend on rewards
         batch = build_batch(self.cfg, self.task, completions, plan.temperature, zeros)
+        rows = assemble.device_rows(
+            batch, np.arange(batch.rows), self.logprob.layout, self.logprob.batch_shardings
+        )
         return Behaviour(
-            old_logprobs(batch, self.logprob, params, None).old_logp, layout_key(batch)
+            old_logprobs(batch, rows, self.logprob, params, None).old_logp, layout_key(batch)
         )

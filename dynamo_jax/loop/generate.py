@@ -1,12 +1,13 @@
 """The rollout side of a step: request a batch, take it from the pipeline, score it, and the
-extra rounds of dynamic sampling.
+extra rounds of dynamic sampling, as one stage (`generate`, returning `Generated`).
 
 `Planner.request` fixes a batch (prompts, n_i, temperature, seed, behaviour version) as a
 `BatchPlan`; `generate` plans the batches rollout/pipeline.py says are due (it requests ahead
-when `train.max_staleness` ≥ 1) and returns this step's `Rollouts` (`Generated`); `score` gives
-the rewards (`Scored`); `resample` draws dynamic sampling's further rounds (dynamic_sampling.py).
+when `train.max_staleness` ≥ 1), takes this step's (checked by the pipeline) and scores it; with
+dynamic sampling it draws further rounds, generated now and scored the same way, until the batch
+is full (dynamic_sampling.py). Every round is scored in one place (`generate`'s `draw`).
 `Drawn` is every group the step generated, which the allocator history records whether or not it
-was trained on. Each stage's result carries its own timings (timings.py).
+was trained on. The stage's result carries its own timings (timings.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dynamo_jax.allocation import AllocationResult, PromptHistory
 from dynamo_jax.config import RunConfig
 from dynamo_jax.loop import assemble, dynamic_sampling
 from dynamo_jax.loop.timings import Stopwatch, add_timings
-from dynamo_jax.rollout.pipeline import BatchPlan, RolloutPipeline, TakenBatch, check_versions
-from dynamo_jax.rollout.protocol import Completion, Request, RolloutEngine, SamplingParams
+from dynamo_jax.rollout.pipeline import BatchPlan, RolloutPipeline, TakenBatch
+from dynamo_jax.rollout.protocol import Completion, Request, SamplingParams
 from dynamo_jax.seeds import ROLLOUT, step_seed
 from dynamo_jax.temperature import TemperatureScheduler
 
@@ -38,12 +39,6 @@ class Rollouts:
     completions: list[Completion]  # grouped by prompt in `rows` order, then by sample
     temperature: float  # the sampling temperature of every completion
     weight_version: int = 0  # the version of the weights that sampled them
-
-
-def rollouts_of(plan: BatchPlan, completions: list[Completion]) -> Rollouts:
-    return Rollouts(
-        plan.rows, plan.epoch_end, plan.allocation, completions, plan.temperature, plan.version
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,47 +79,6 @@ class Planner:
 
 
 @dataclasses.dataclass(frozen=True)
-class Generated:
-    """The generate stage's result: this step's rollouts and the batch as the pipeline gave it."""
-
-    rollouts: Rollouts
-    taken: TakenBatch
-    # time/generate: how long the step waited for generation; time/generate_background: how
-    # long the background worker took to generate it
-    timings: Mapping[str, float]
-
-
-def generate(pipeline: RolloutPipeline, step: int, planner: Planner, params: Any) -> Generated:
-    """Request the batches the pipeline says are due (up to step + max_staleness, each fixed by
-    `planner` now, from version step − 1), then take this step's."""
-    with Stopwatch() as clock:
-        plans = [planner.request(s, step - 1) for s in pipeline.due(step)]
-        pipeline.fill(step, plans, params)
-        taken = pipeline.take(step)
-    timings = {"time/generate": clock.seconds}
-    if taken.generate_s is not None:
-        timings["time/generate_background"] = taken.generate_s
-    return Generated(rollouts_of(taken.plan, taken.completions), taken, timings)
-
-
-@dataclasses.dataclass(frozen=True)
-class Scored:
-    """The score stage's result."""
-
-    rewards: np.ndarray  # float32 [budget] (0 on padding rows)
-    verdict_shares: dict  # the share of each verdict status
-    timings: Mapping[str, float]  # time/score
-
-
-def score(task: tasks.Task, completions: list[Completion], budget: int) -> Scored:
-    """Rewards float32 [budget] (0 on padding rows) and the share of each verdict status."""
-    with Stopwatch() as clock:
-        rewards = np.zeros(budget, np.float32)
-        rewards[: len(completions)], verdict_shares = tasks.score_completions(task, completions)
-    return Scored(rewards, verdict_shares, {"time/score": clock.seconds})
-
-
-@dataclasses.dataclass(frozen=True)
 class Drawn:
     """Every group a step generated, by draw from the data iterator (its batch, or each
     dynamic-sampling round): what the history records and the reward metrics describe."""
@@ -141,80 +95,75 @@ class Drawn:
 
 
 @dataclasses.dataclass(frozen=True)
-class Resampled:
-    """Dynamic sampling's outcome: the trained groups, and every round drawn."""
+class Generated:
+    """The generate stage's result: the step's rollouts (with dynamic sampling, the selected
+    groups' completions), their rewards, every group drawn, and the batch as the pipeline gave it
+    (its behaviour parameters or log-probs)."""
 
-    rollouts: Rollouts  # the step's rollouts with the selected groups' completions
-    rewards: np.ndarray  # float32 [budget] of the selected completions (0 on padding rows)
+    rollouts: Rollouts
+    rewards: np.ndarray  # float32 [budget] of `rollouts.completions` (0 on padding rows)
     drawn: Drawn  # every round
-    metrics: dict  # dynamic/* (dynamic_sampling.metrics)
-    timings: Mapping[str, float]  # the further rounds' time/generate and time/score, summed
+    taken: TakenBatch  # round 0, the step's batch from the pipeline
+    metrics: dict  # dynamic/* (dynamic_sampling.metrics; empty without dynamic sampling)
+    # time/generate: how long the step waited for generation (every round); time/score; and
+    # time/generate_background: how long the background worker took to generate round 0
+    timings: Mapping[str, float]
 
 
-def _group_stats(completions: list[Completion], rewards: np.ndarray) -> dict:
-    ids = np.asarray([c.prompt_id for c in completions], np.int64)
-    return assemble.group_stats(ids, rewards, np.ones(len(ids), bool))
-
-
-def resample(
-    cfg: RunConfig,
-    step: int,
-    task: tasks.Task,
-    engine: RolloutEngine,
-    planner: Planner,
-    first: tuple[Generated, Scored],
-) -> Resampled:
-    """Dynamic sampling: further rounds (`planner.request(step, version, round)`, generated by
-    the engine's current weights, scored) until N groups with a reward signal fill the batch.
-    `first` is the step's requested batch, generated and scored."""
-    generated, first_scored = first
-    rollouts = generated.rollouts
-    round_timings: list[Mapping[str, float]] = []
+def generate(pipeline: RolloutPipeline, step: int, planner: Planner, params: Any) -> Generated:
+    """The step's scored rollouts. Round 0: request the batches the pipeline says are due (up to
+    step + max_staleness, each fixed by `planner` now, from version step − 1), then take this
+    step's. With train.dynamic_sampling, further rounds (`planner.request(step, step − 1,
+    round)`, generated now by the engine's current weights) until N groups with a reward signal
+    fill the batch (dynamic_sampling.py). The pipeline checks every round's versions; `draw`
+    scores it."""
+    cfg, task = planner.cfg, planner.task
+    with Stopwatch() as clock:
+        plans = [planner.request(s, step - 1) for s in pipeline.due(step)]
+        pipeline.fill(step, plans, params)
+        taken = pipeline.take(step)
+    round_timings: list[Mapping[str, float]] = [{"time/generate": clock.seconds}]
+    if taken.generate_s is not None:
+        round_timings.append({"time/generate_background": taken.generate_s})
 
     def draw(round_: int) -> dynamic_sampling.Round:
-        batch_plan = planner.request(step, step - 1, round_)
+        """Round `round_`, checked and scored: 0 is the step's batch (`taken`), a further one is
+        generated now."""
+        round_batch = taken
         with Stopwatch() as clock:
-            completions = engine.generate(batch_plan.requests, batch_plan.sampling)
-        check_versions(step, batch_plan, completions, 0)
-        scored = score(task, completions, len(completions))
-        round_timings.extend([{"time/generate": clock.seconds}, scored.timings])
+            if round_ > 0:
+                round_plan = planner.request(step, step - 1, round_)
+                round_batch = pipeline.generate_now(step, round_plan)
+        with Stopwatch() as score_clock:
+            rewards, verdict_shares = tasks.score_completions(task, round_batch.completions)
+        round_timings.append({"time/generate": clock.seconds, "time/score": score_clock.seconds})
         return dynamic_sampling.Round(
-            batch_plan, completions, scored.rewards, scored.verdict_shares
+            round_batch.plan, round_batch.completions, rewards, verdict_shares
         )
 
-    n = len(rollouts.completions)
-    round0 = dynamic_sampling.Round(
-        generated.taken.plan,
-        rollouts.completions,
-        first_scored.rewards[:n],
-        first_scored.verdict_shares,
-    )
-    rounds, selection = dynamic_sampling.sample_rounds(
-        round0,
-        draw,
-        max_groups=cfg.train.prompts_per_step,
-        rows=cfg.budget,
-        max_rounds=cfg.train.max_sampling_rounds,
-    )
-    completions, kept_rewards = dynamic_sampling.trained(rounds, selection)
+    first = draw(0)
+    rounds, completions, kept_rewards = [first], first.completions, first.rewards
+    verdict_shares, metrics = first.verdict_shares, {}
+    if cfg.train.dynamic_sampling:
+        sizes = dict(
+            max_groups=cfg.train.prompts_per_step,
+            rows=cfg.budget,
+            max_rounds=cfg.train.max_sampling_rounds,
+        )
+        rounds, selection = dynamic_sampling.sample_rounds(first, draw, **sizes)
+        completions, kept_rewards = dynamic_sampling.trained(rounds, selection)
+        verdict_shares = dynamic_sampling.verdict_shares(rounds)
+        metrics = dynamic_sampling.metrics(rounds, selection, **sizes)
     rewards = np.zeros(cfg.budget, np.float32)
     rewards[: len(kept_rewards)] = kept_rewards
-    drawn = Drawn(
-        [(r.plan.rows, r.plan.epoch_end, _group_stats(r.completions, r.rewards)) for r in rounds],
-        np.concatenate([r.rewards for r in rounds]),
-        dynamic_sampling.verdict_shares(rounds),
+    parts = []
+    for r in rounds:
+        ids = np.asarray([c.prompt_id for c in r.completions], np.int64)
+        groups = assemble.group_stats(ids, r.rewards, np.ones(len(ids), bool))
+        parts.append((r.plan.rows, r.plan.epoch_end, groups))
+    drawn = Drawn(parts, np.concatenate([r.rewards for r in rounds]), verdict_shares)
+    plan = first.plan
+    rollouts = Rollouts(
+        plan.rows, plan.epoch_end, plan.allocation, completions, plan.temperature, plan.version
     )
-    metrics = dynamic_sampling.metrics(
-        rounds,
-        selection,
-        max_groups=cfg.train.prompts_per_step,
-        rows=cfg.budget,
-        max_rounds=cfg.train.max_sampling_rounds,
-    )
-    return Resampled(
-        dataclasses.replace(rollouts, completions=completions),
-        rewards,
-        drawn,
-        metrics,
-        add_timings(*round_timings),
-    )
+    return Generated(rollouts, rewards, drawn, taken, metrics, add_timings(*round_timings))

@@ -33,7 +33,9 @@ plus engine numerics, ~0 in float32 when synchronous), the mean |log π_old − 
 that of π_{t−1} at τ, the trainer's current policy.
 
 Checks: every completion must carry the version recorded when its batch was requested, and a
-batch more than k versions behind the trainer is never trained on (`StaleBatchError`).
+batch more than k versions behind the trainer is never trained on (`StaleBatchError`). Both
+`take` and `generate_now` (a batch generated on the spot: dynamic sampling's further rounds)
+check before they hand a batch out, so the loop gets only checked batches.
 
 Generation: a `BackgroundEngine` (the vLLM sidecar, rollout/background.py) generates the
 requested batches on its worker while the trainer trains, so a step waits only for its own
@@ -136,7 +138,7 @@ class _InFlight:
     behaviour: Behaviour | None = None
 
 
-def check_versions(step: int, plan: BatchPlan, completions: Sequence[Completion], k: int) -> None:
+def _check_versions(step: int, plan: BatchPlan, completions: Sequence[Completion], k: int) -> None:
     """Refuse completions of another version than `plan.version`, or a batch older than `k`."""
     got = sorted({int(c.weight_version) for c in completions} - {plan.version})
     if got:
@@ -221,12 +223,20 @@ class RolloutPipeline:
             )
         item = self._queue.popleft()
         completions = item.handle.result()
-        check_versions(step, item.plan, completions, self.max_staleness)
+        _check_versions(step, item.plan, completions, self.max_staleness)
         version = item.plan.version
         params = self._params.get(version)
         if all(other.plan.version != version for other in self._queue):
             self._params.pop(version, None)
         return TakenBatch(item.plan, completions, params, item.behaviour, item.handle.generate_s)
+
+    def generate_now(self, step: int, plan: BatchPlan) -> TakenBatch:
+        """A batch `plan` fixed during step `step`, generated now by the weights the engine
+        holds (dynamic sampling's further rounds, loop/generate.py), checked as `take` checks
+        (staleness 0): not queued, no parameters kept."""
+        completions = self.engine.generate(plan.requests, plan.sampling)
+        _check_versions(step, plan, completions, 0)
+        return TakenBatch(plan, completions, None, None, None)
 
     # -- checkpoint payload -------------------------------------------------------------
     def state_dict(self, source: BehaviourSource | None) -> dict:
