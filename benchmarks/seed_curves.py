@@ -186,6 +186,49 @@ def plot(groups: dict[str, list[Path]], out: Path) -> None:
     plt.close(fig)
 
 
+def plot_allocation(groups: dict[str, list[Path]], out: Path) -> None:
+    """What the allocation did at every step: the budget moved away from uniform and the groups
+    with no signal (a thin line per seed), and the n_i histogram over all steps (the share of
+    prompts given each n, seeds together)."""
+    fig, axes = plt.subplots(1, 3, figsize=(12.6, 3.4))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / max(1, len(groups))
+    for k, (colour, (label, dirs)) in enumerate(zip(colours, groups.items())):
+        hist = np.zeros(1, np.int64)
+        for i, d in enumerate(dirs):
+            lines = _train_lines(_records(d))
+            steps = [int(r["step"]) for r in lines]
+            kw = {"color": colour, "alpha": 0.6, "linewidth": 1}
+            kw["label"] = label if i == 0 else None
+            axes[0].plot(steps, [_moved_share(r) for r in lines], **kw)
+            axes[1].plot(steps, [r["reward/zero_var_groups"] for r in lines], **kw)
+            for r in lines:
+                h = np.asarray(r["alloc/n_hist"], np.int64)
+                hist = np.pad(hist, (0, max(0, h.size - hist.size)))
+                hist[: h.size] += h
+        n = np.arange(hist.size)
+        axes[2].bar(n + (k - (len(groups) - 1) / 2) * width, hist / hist.sum(), width, color=colour)
+    for ax, title in zip(
+        axes,
+        (
+            "budget moved from uniform",
+            "groups with no signal (all right or all wrong)",
+            "n_i over all steps (share of prompts)",
+        ),
+    ):
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("step")
+    axes[2].set_xlabel("rollouts n_i")
+    axes[1].set_ylim(0, 1)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("groups", nargs="+", help="LABEL=WORKDIR[,WORKDIR...]")
@@ -203,7 +246,9 @@ def main(argv: list[str] | None = None) -> None:
         help="format of the --keys tables' values, e.g. .1e for the engine's log-prob gap",
     )
     p.add_argument(
-        "--alloc", action="store_true", help="also print what the allocation did in each run"
+        "--alloc",
+        action="store_true",
+        help="also print what the allocation did in each run (and plot it beside --out)",
     )
     args = p.parse_args(argv)
     groups = parse_groups(args.groups)
@@ -216,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.alloc:
         print("\nwhat the allocation did\n")
         print(allocation_table(groups))
+        if args.out:
+            alloc_out = args.out.with_name(f"{args.out.stem}_alloc{args.out.suffix}")
+            plot_allocation(groups, alloc_out)
+            print(f"\nallocation plot: {alloc_out}")
     if args.out:
         plot(groups, args.out)
         print(f"\nplot: {args.out}")

@@ -86,6 +86,9 @@ def test_allocation_table_sums_histograms_and_reads_moved_share(tmp_path):
             },
         ],
     )
+    out = tmp_path / "curves.png"
+    seed_curves.main([f"grpo={grpo}", f"dynamo={dynamo}", "--alloc", "--out", str(out)])
+    assert (tmp_path / "curves_alloc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = seed_curves.allocation_table({"grpo": [grpo], "dynamo": [dynamo]}).splitlines()
     assert rows[2] == ("| grpo | grpo_s0 | 2 | 0.000 | 0.000 | 0.375 | 8–8 | 8×8 | 0.300 | 0.300 |")
     assert rows[3] == (
