@@ -2,14 +2,17 @@
 input alone, whatever the machine's load and whatever was scored before."""
 
 import contextlib
+import cProfile
 import dataclasses
 import os
+import pstats
 import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from antlr4.atn.ParserATNSimulator import ParserATNSimulator
 
 from dynamo_jax.rewards import budget
 from dynamo_jax.rewards.config import RewardConfig
@@ -91,6 +94,54 @@ def test_counts_do_not_depend_on_when_the_budget_is_checked(monkeypatch):
         monkeypatch.setattr(budget, "_CHECK_EVERY_S", every)
         counts[every] = _calls(text, "1")
     assert len(set(counts.values())) == 1, counts
+
+
+# math-verify's LaTeX parse runs with the profiler off (Python 3.11 runs every instruction
+# unspecialised while a profile hook is set); its ANTLR closure steps are counted instead.
+_STEPS = {
+    ("ParserATNSimulator.py", "closureCheckingStopState"),
+    ("LexerATNSimulator.py", "closure"),
+}
+
+
+def _steps_counted(text: str, gold: str) -> int:
+    _count(text, gold, CFG)
+    return budget._Budget.steps
+
+
+def _steps_profiled(text: str, gold: str) -> int:
+    _reset_state()
+    profile = cProfile.Profile()
+    profile.runcall(_score_unbounded, text, gold, CFG)
+    stats = pstats.Stats(profile).stats
+    return sum(stats[key][1] for key in stats if (os.path.basename(key[0]), key[2]) in _STEPS)
+
+
+def test_the_latex_parse_counts_its_closure_steps():
+    # The oracle is CPython's own profiler: every call of the two recursive closure methods
+    # (none where the warm prediction cache already holds the lookahead, as for 3/5; the
+    # lexer's own for \\overline).
+    items = PARSER + [(NESTED[2], "42"), ("\\boxed{\\overline{AB}}", "\\overline{AB}")]
+    steps = [call_isolated(_steps_counted, text, gold) for text, gold in items]
+    assert steps == [call_isolated(_steps_profiled, text, gold) for text, gold in items]
+    assert sum(steps) > 0, steps
+
+
+def _hooks_seen_by_the_parser(text: str, gold: str) -> list:
+    seen, predict = [], ParserATNSimulator.adaptivePredict
+
+    def spy(self, *args):
+        seen.append(sys.getprofile() is None)
+        return predict(self, *args)
+
+    ParserATNSimulator.adaptivePredict = spy  # in a fork: gone with it
+    _count(text, gold, CFG)
+    return seen
+
+
+def test_the_latex_parse_runs_without_a_profile_hook():
+    seen = call_isolated(_hooks_seen_by_the_parser, "\\boxed{\\frac{3}{5}}", "0.6")
+    assert seen and all(seen), seen
 
 
 def test_a_runaway_is_cut_while_it_runs():

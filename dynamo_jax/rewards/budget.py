@@ -8,11 +8,17 @@ counted instead:
 
 - Python function calls (frames entered), counted by CPython's C profiler (`_lsprof`, what
   `cProfile` runs; C functions are not counted): the same input makes the same calls, so an
-  item past `max_work_calls` is a `timeout` wherever it runs. Honest answers make 10^2 to
-  5*10^5 calls; the default budget is 2*10^6. A trace function written in Python
+  item past `max_work_calls` is a `timeout` wherever it runs. Honest answers make 10 to
+  6*10^5 (counted as below); the default budget is 2*10^6. A trace function written in Python
   (`sys.settrace`) counted the same calls with about 1.6 times the overhead; what remains is
-  Python 3.11's own: with any profile hook set, every instruction runs unspecialised. The
-  profiler counts a call when it returns, so the total is checked when the item ends, and, to
+  Python 3.11's own: with any profile hook set, every instruction runs unspecialised (about
+  2x slower). So math-verify's LaTeX parse (`PSParser.math`, ANTLR), most of an item's work,
+  runs with the profiler off and counts instead each step of its prediction's closure (the
+  recursive `closureCheckingStopState` of the parser, `closure` of the lexer: the work that
+  grows exponentially on hostile input such as nested braces), one per step; the rest of the
+  parse is linear in the tokens, which `max_answer_chars` bounds. The frames below the parse
+  are counted once, when it switches the profiler off. The profiler counts a call when it
+  returns, so the total is checked when the item ends, and, to
   cut a runaway item, every `_CHECK_EVERY_S` of user CPU time by a SIGVTALRM handler (its own
   calls are not counted). The clock decides
   only when a runaway is stopped, never the status: the count only grows, and the status is
@@ -61,6 +67,7 @@ class _Budget:
     exceeded = False
     made = 0
     profiler = None
+    steps = 0  # closure steps of math-verify's LaTeX parser, counted instead of its calls
 
 
 def _calls(profiler) -> int:
@@ -70,7 +77,7 @@ def _calls(profiler) -> int:
     Python frames, counted, a number of times that depends on the clock."""
     stats = profiler.getstats()
     by_code = dict(zip(map(_CODE, stats), map(_CALLCOUNT, stats)))
-    return sum(by_code.values()) - by_code.get(_CHECK_CODE, 0)
+    return sum(by_code.values()) - by_code.get(_CHECK_CODE, 0) + _Budget.steps
 
 
 def _check(signum, frame):
@@ -80,7 +87,7 @@ def _check(signum, frame):
         return
     stats = profiler.getstats()
     by_code = dict(zip(map(_CODE, stats), map(_CALLCOUNT, stats)))
-    if sum(by_code.values()) - by_code.get(_CHECK_CODE, 0) > _Budget.limit:
+    if sum(by_code.values()) - by_code.get(_CHECK_CODE, 0) + _Budget.steps > _Budget.limit:
         _Budget.exceeded = True
         raise WorkBudgetExceeded()
 
@@ -103,6 +110,7 @@ def work_budget(calls: int):
     """Count Python calls made inside the block; raise `WorkBudgetExceeded` past `calls` (main
     thread only: the check is a signal handler)."""
     _Budget.limit, _Budget.exceeded, _Budget.active, _Budget.made = calls, False, True, 0
+    _Budget.steps = 0
     profiler = _lsprof.Profiler(builtins=False, subcalls=False)
     previous = signal.signal(signal.SIGVTALRM, _check)
     signal.setitimer(signal.ITIMER_VIRTUAL, _CHECK_EVERY_S, _CHECK_EVERY_S)
@@ -184,4 +192,44 @@ def _install_power_guard() -> None:
         cls._eval_power = _refuse_huge_power(method)
 
 
+def _counting_steps(original):
+    def step(self, *args):
+        _Budget.steps += 1
+        return original(self, *args)
+
+    step.__wrapped__ = original
+    return step
+
+
+def _uncounted_parse(original):
+    def parse(self):
+        profiler = _Budget.profiler
+        if profiler is None:
+            return original(self)
+        profiler.disable()  # the frames below this one are counted here, once (as returned)
+        try:
+            return original(self)
+        finally:
+            profiler.enable()
+
+    parse.__wrapped__ = original
+    return parse
+
+
+def _install_parser_counting() -> None:
+    """Count math-verify's LaTeX parse by its ANTLR closure steps, with the profiler off."""
+    parser_atn = importlib.import_module("antlr4.atn.ParserATNSimulator").ParserATNSimulator
+    lexer_atn = importlib.import_module("antlr4.atn.LexerATNSimulator").LexerATNSimulator
+    latex = importlib.import_module("latex2sympy2_extended.antlr_parser").PSParser
+    for cls, name, wrap in (
+        (parser_atn, "closureCheckingStopState", _counting_steps),
+        (lexer_atn, "closure", _counting_steps),
+        (latex, "math", _uncounted_parse),
+    ):
+        method = cls.__dict__[name]
+        if not hasattr(method, "__wrapped__"):
+            setattr(cls, name, wrap(method))
+
+
 _install_power_guard()
+_install_parser_counting()

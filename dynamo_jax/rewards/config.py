@@ -35,8 +35,9 @@ class RewardConfig:
     wrong_reward: float = 0.0
     no_answer_reward: float = 0.0
     # Work budget per completion, in Python function calls (parsing the gold and the answer and
-    # comparing them; see rewards/budget.py). An item past it is a "timeout" on every machine:
-    # the status is a function of the input alone. Honest answers make 10^2 to 5*10^5 calls.
+    # comparing them; inside math-verify's LaTeX parser, its ANTLR closure steps instead: see
+    # rewards/budget.py). An item past it is a "timeout" on every machine: the status is a
+    # function of the input alone. Honest answers make 10 to 6*10^5.
     # Counting, and the fork an item that needs the parser is scored in, cost more than the
     # scoring (docs/rewards.md); 0 switches counting off (then only timeout_s decides, and a
     # status can depend on the machine's speed and load again).
