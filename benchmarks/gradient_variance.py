@@ -81,6 +81,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -126,9 +127,10 @@ def tiny_config(task: str, method: str, seed: int):
 
 
 @functools.cache
-def config_file(spec: str, method: str | None = None):
+def config_file(spec: str, method: str | None = None, overrides: tuple = ()):
     """The RunConfig of `FILE.py[:ARGS]` (the file's get_config(ARGS), as launch.py's --config),
-    with `method=<method>` added to ARGS (replacing one there) when given."""
+    with `method=<method>` added to ARGS (replacing one there) when given, and `overrides`
+    ((dotted key, text) pairs: launch.py's --config.KEY=VALUE) set on its ConfigDict."""
     import importlib.util
 
     from dynamo_jax.config import from_config_dict
@@ -142,7 +144,33 @@ def config_file(spec: str, method: str | None = None):
     loader.loader.exec_module(module)
     config = module.get_config(arg or None)
     quiet(config)
+    for key, text in overrides:
+        set_override(config, key, text)
     return from_config_dict(config)
+
+
+def set_override(config, key: str, text: str) -> None:
+    """config.<key> = text read as the field's type (bool true/false, int, float, str; a tuple
+    or None field as a Python literal); ConfigError naming the flag if it is not a field."""
+    import ast
+
+    from dynamo_jax.errors import ConfigError
+
+    *parents, leaf = key.split(".")
+    try:
+        node = config
+        for name in parents:
+            node = node[name]
+        current = node[leaf]
+        if isinstance(current, bool):
+            value = {"true": True, "false": False}[text.lower()]
+        elif isinstance(current, (int, float, str)):
+            value = type(current)(text)
+        else:
+            value = ast.literal_eval(text)
+        node[leaf] = value
+    except (KeyError, AttributeError, ValueError, SyntaxError, TypeError) as err:
+        raise ConfigError(f"--config.{key}={text}: {err!r}") from err
 
 
 def policy_params(task: str, stage: int, stages: list[int], seed: int, workdir: Path):
@@ -230,16 +258,16 @@ def measure_checkpoint(args) -> list[dict]:
     so the same rollouts: the modes differ only in the loss's gradient)."""
     from dynamo_jax.models.fetch import resolve_init
 
-    cfg = resolve_init(config_file(args.config))  # the tokenizer made local
+    cfg = resolve_init(config_file(args.config, None, args.overrides))  # the tokenizer made local
     step, params = checkpoint_policy(cfg, Path(args.policy), args.step)
     print(f"policy: {args.policy} at step {step}", flush=True)
-    config_of = functools.partial(config_file, args.config)
+    config_of = functools.partial(config_file, args.config, overrides=args.overrides)
     measured = []
     with tempfile.TemporaryDirectory() as tmp:
         pipe = Pipeline(cfg, params, tmp)
         try:
             for mode in args.loss_agg_mode:
-                pipe.set_loss(with_loss_agg_mode(cfg, mode).loss)
+                pipe.set_config(with_loss_agg_mode(cfg, mode))
                 m = measure_stage(args, pipe, config_of, mode or "the config's", 0, step)
                 m["title"] = f"`{args.config}` at step {step} of `{args.policy}`, {mode or '-'}"
                 measured.append(m)
@@ -310,7 +338,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="max,mixed")
     parser.add_argument("--stages", default="0,40,100", help="GRPO steps of the measured policies")
-    parser.add_argument("--config", default="", help="a config FILE[:ARGS] (with --policy)")
+    parser.add_argument(
+        "--config", default="", help="a config FILE[:ARGS] (with --policy; --config.KEY=VALUE)"
+    )
     parser.add_argument("--policy", default="", help="a workdir of --config's run")
     parser.add_argument("--step", type=int, default=None, help="its checkpoint (default latest)")
     parser.add_argument("--allocations", default=",".join(ALLOCATIONS))
@@ -334,7 +364,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the measurement")
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--workdir", default="", help="where the GRPO policies are trained/kept")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    overrides = [re.fullmatch(r"--config\.([\w.]+)=(.*)", a) for a in rest]
+    if not all(overrides):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.overrides = tuple(m.groups() for m in overrides)
 
     args.allocations = [a for a in args.allocations.split(",") if a]
     unknown = sorted(set(args.allocations) - set(ALLOCATIONS))
@@ -350,6 +384,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--config and --policy go together (and --step with them)")
     if args.config and not Path(args.config.partition(":")[0]).is_file():
         parser.error(f"--config: no such file: {args.config.partition(':')[0]}")
+    if args.overrides and not args.config:
+        parser.error("--config.KEY=VALUE needs --config")
+    if args.overrides:
+        from dynamo_jax.errors import ConfigError
+
+        try:
+            config_file(args.config, None, args.overrides)
+        except ConfigError as err:
+            parser.error(str(err))
     modes = args.loss_agg_mode
     if modes is None:
         modes = REAL_MODES if args.config else ""

@@ -77,9 +77,10 @@ class Pipeline:
         self._version = 0
         self.clock = GradientClock()
 
-    def set_loss(self, loss) -> None:
-        """Measure under another loss config (LossConfig): the compiled steps are dropped."""
-        self.cfg = dataclasses.replace(self.cfg, loss=loss)
+    def set_config(self, cfg) -> None:
+        """Measure under another RunConfig of the same model and task (the loss, the update's
+        layout): the compiled steps are dropped."""
+        self.cfg = cfg
         self._shapes.clear()
 
     def set_params(self, params) -> None:
@@ -152,6 +153,8 @@ class Pipeline:
                 batch_size=train_layout.max_rows,
                 micro_batches=train_layout.max_micro_batches,
                 seed=cfg.train.seed,
+                shared_prompts=train_layout.shared_prompts,
+                is_weights=cfg.train.rollout_correction.weights,
             )
             shape.state = train_state_from_params(
                 self.params, optimizer, shape.step.state_shardings

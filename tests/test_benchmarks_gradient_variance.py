@@ -126,6 +126,10 @@ def test_real_mode_measures_the_checkpoint_under_both_modes_at_the_configs_budge
         (["--loss_agg_mode", "token-sum"], "token-sum"),
         (["--reference", "1"], "--reference 0 or >= 2"),
         (["--warmup", "2"], "at least 2 per round"),
+        (["--config.train.packing=False"], "needs --config"),
+        (["--config", "configs/tiny.py", "--policy", "W", "--config.train.nope=1"], "train.nope"),
+        (["--config", "configs/tiny.py", "--policy", "W", "--config.train.packing=2"], "packing"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
@@ -139,3 +143,14 @@ def test_real_mode_defaults_to_both_modes_and_tiny_mode_to_the_methods_own():
     args = gv.parse_args(["--config", "configs/tiny.py", "--policy", "W"])
     assert args.loss_agg_mode == ["token-mean", "prompt-mean"]
     assert gv.parse_args([]).loss_agg_mode == [""]
+
+
+def test_config_overrides_are_set_as_the_fields_types():
+    argv = ["--config", "configs/smollm2_arith.py:pool=64", "--policy", "W"]
+    argv += ["--config.train.share_prompts=True", "--config.train.packing=false"]
+    argv += ["--config.optim.learning_rate=3e-5", "--config.train.steps=3"]
+    args = gv.parse_args(argv)
+    cfg = gv.config_file(args.config, "dynamo", args.overrides)
+    assert cfg.train.share_prompts is True and cfg.train.packing is False
+    assert cfg.optim.learning_rate == 3e-5 and cfg.train.steps == 3
+    assert cfg.data.max_train_problems == 64 and cfg.allocation.policy == "dynamo"

@@ -15,7 +15,7 @@ from dynamo_jax.models.qwen import init_params
 from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
 from dynamo_jax.sharding.rules import DEFAULT_RULES
 from dynamo_jax.step.state import train_state_from_params
-from dynamo_jax.step.train_step import make_train_step
+from dynamo_jax.step.train_step import PROMPT_FIELDS, make_train_step
 
 # XLA's backend optimisation level 0 halves CPU compile time; it does not change the program.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -109,3 +109,32 @@ def test_gradient_clock_leaves_out_each_shapes_first_gradient():
     # (2 + 4) s over 8 + 32 timed completions, plus 6 s of sampling over all 80: 0.15 + 0.075
     assert clock.compiled == [True, False, True, False]
     assert clock.seconds_per_row() == pytest.approx(0.225)
+
+
+def test_shared_prompts_give_the_same_gradient(tmp_path):
+    """train.share_prompts (each group's prompt run once in the update; a --config override
+    that makes a real model's gradients cheaper) gives the unshared layout's gradient up to
+    float32 summation order."""
+    import dataclasses
+
+    from benchmarks import gradient_variance as gvm
+
+    cfg = gvm.tiny_config("max", "grpo", 0)
+    shared = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, share_prompts=True, packing=False)
+    )
+    pipe = gv.Pipeline(cfg, init_params(cfg.model, jax.random.key(1)), str(tmp_path))
+    try:
+        rows = np.arange(4)
+        pool = pipe.sample(rows, np.full(4, 8), seed=6)
+        completions = [c for r in rows for c in pool[int(r)]]
+        plain = pipe.gradient(completions, 4, 8)[0]
+        pipe.set_config(shared)
+        assert pipe._layouts(pipe._shape(4, 8, True).cfg).update.shared_prompts is not None
+        once = pipe.gradient(completions, 4, 8)[0]
+        # the step reads the prompt table, as the Trainer's does (build.build_trainer)
+        assert set(PROMPT_FIELDS) <= set(pipe._shape(4, 8, True).step.batch_shardings)
+    finally:
+        pipe.close()
+    assert np.linalg.norm(plain) > 1e-4
+    np.testing.assert_allclose(once, plain, rtol=1e-4, atol=1e-6)
