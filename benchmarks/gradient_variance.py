@@ -67,10 +67,13 @@ every mode on the same rollouts (the same seeds). `--reference 0` leaves the ref
 (p_i and H_i are then the warm-up's; no cosine or bias columns). With the config's
 train.skip_on_policy_logprob_pass (the one update takes stop_gradient of its own forward), the
 draws and sigma_i's batches run no log-prob pass, as the training loop runs none.
+launch.py's `--config.KEY=VALUE` overrides apply to every section read from the file:
+`--config.train.share_prompts=True --config.train.packing=False` runs each prompt once in the
+update (the same gradients up to float32 rounding, at a fraction of the cost).
 
     python -m benchmarks.gradient_variance --config configs/smollm2_arith.py:pool=64 \
         --policy W --allocations uniform,dynamo,oracle_sigma --draws 32 --sigma_draws 8 \
-        --reference 0 --warmup 16
+        --reference 0 --warmup 16 --config.train.share_prompts=True --config.train.packing=False
 """
 
 from __future__ import annotations
@@ -264,7 +267,7 @@ def measure_checkpoint(args) -> list[dict]:
     config_of = functools.partial(config_file, args.config, overrides=args.overrides)
     measured = []
     with tempfile.TemporaryDirectory() as tmp:
-        pipe = Pipeline(cfg, params, tmp)
+        pipe = Pipeline(cfg, params, tmp, engine_batch=cfg.jax_engine.max_batch)
         try:
             for mode in args.loss_agg_mode:
                 pipe.set_config(with_loss_agg_mode(cfg, mode))

@@ -53,7 +53,9 @@ class Pipeline:
     """The training loop's stages for one fixed policy: sample → score → build_batch →
     old_logprobs → one update whose optimizer captures the gradient."""
 
-    def __init__(self, cfg, params, workdir: str):
+    def __init__(self, cfg, params, workdir: str, engine_batch: int = ENGINE_BATCH):
+        """`engine_batch`: the sampler's rows per program (a real model keeps its config's
+        jax_engine.max_batch: its KV cache grows with it)."""
         import jax
 
         from dynamo_jax import tasks
@@ -69,7 +71,7 @@ class Pipeline:
         shardings = model_param_shardings(cfg.model, self.mesh, cfg.mesh.rules)
         self.params = jax.device_put(params, shardings)
         engine_cfg = dataclasses.replace(
-            cfg, jax_engine=dataclasses.replace(cfg.jax_engine, max_batch=ENGINE_BATCH)
+            cfg, jax_engine=dataclasses.replace(cfg.jax_engine, max_batch=engine_batch)
         )
         self.engine = build_engine(engine_cfg, self.params, self.mesh, shardings, workdir)
         self._shardings = shardings
