@@ -46,39 +46,58 @@ def stream_seed(*parts: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class GradientPlan:
-    """The gradients one policy's measurement computes: (count, completions each) per kind."""
+    """The gradients one policy's measurement computes, per kind: (count, batch shape) with the
+    shape (prompts, rollouts per prompt) as Pipeline.gradient is given it."""
 
-    reference: tuple[int, int]
-    sigma: tuple[int, int]
-    draws: tuple[int, int]  # at most: an allocation with another's n_i is not measured again
+    reference: tuple[int, tuple[int, int]]
+    sigma: tuple[int, tuple[int, int]]
+    draws: tuple[int, tuple[int, int]]  # at most: an allocation with another's n_i is skipped
 
     @classmethod
     def of(cls, args, prompts: int, n_avg: int) -> GradientPlan:
         return cls(
-            (args.reference, prompts * args.reference_n),
-            (prompts * args.sigma_draws, n_avg),
-            (len(args.allocations) * args.draws, prompts * n_avg),
+            (args.reference, (prompts, args.reference_n)),
+            (prompts * args.sigma_draws, (1, n_avg)),
+            (len(args.allocations) * args.draws, (prompts, n_avg)),
         )
 
     @property
+    def kinds(self) -> tuple[tuple[int, tuple[int, int]], ...]:
+        return (self.reference, self.sigma, self.draws)
+
+    @property
     def rows(self) -> int:
-        return sum(count * rows for count, rows in (self.reference, self.sigma, self.draws))
+        return sum(count * p * n for count, (p, n) in self.kinds)
 
     def __str__(self) -> str:
-        (r, rr), (s, sr), (d, dr) = self.reference, self.sigma, self.draws
+        (r, rs), (s, ss), (d, ds) = self.kinds
         return (
-            f"{r + s + d} gradient computations: reference {r} x {rr} completions, sigma_i "
-            f"{s} x {sr}, draws up to {d} x {dr} (the budget); {self.rows} completions in all"
+            f"{r + s + d} gradient computations: reference {r} x {rs[0] * rs[1]} completions, "
+            f"sigma_i {s} x {ss[0] * ss[1]}, draws up to {d} x {ds[0] * ds[1]} (the budget); "
+            f"{self.rows} completions in all"
         )
 
 
 class Progress:
     """Prints the estimated wall time of the measurement at the first gradient that compiled
-    nothing, and again at each quarter of the planned completions."""
+    nothing, and again at each quarter of the planned completions: each kind's gradients left
+    at its own shape's measured seconds (a shape not yet timed at the seconds per completion of
+    those that were), plus the sampling time per completion so far."""
 
     def __init__(self, plan: GradientPlan, pipe: Pipeline):
         self.plan, self.clock, self.start = plan, pipe.clock, len(pipe.clock.rows)
         self.quarter, self.timed = 0, False
+
+    def seconds_left(self) -> float:
+        clock, done = self.clock, self.clock.shapes[self.start :]
+        left = 0.0
+        for count, shape in self.plan.kinds:
+            todo = max(count - done.count(shape), 0)
+            each = clock.seconds_per_gradient(shape)
+            if np.isnan(each):
+                each = shape[0] * shape[1] * clock.seconds_per_row()
+            left += todo * (each + shape[0] * shape[1] * clock.sampling_per_row())
+        return left
 
     def step(self) -> None:
         done = sum(self.clock.rows[self.start :])
@@ -88,11 +107,11 @@ class Progress:
             return
         self.timed = self.timed or first_timed
         self.quarter = max(self.quarter, quarter)
-        rate = self.clock.seconds_per_row()
         print(
-            f"  {done} of {self.plan.rows} completions' gradients done; {rate:.3f} s per "
-            f"completion (sampling, scoring, passes, update; compiling left out): "
-            f"~{rate * (self.plan.rows - done) / 60:.1f} min to go",
+            f"  {done} of {self.plan.rows} completions' gradients done; "
+            f"{self.clock.seconds_per_row():.3f} s per completion (scoring, passes, update; "
+            f"compiling left out) and {self.clock.sampling_per_row():.3f} s sampling: "
+            f"~{self.seconds_left() / 60:.1f} min to go",
             flush=True,
         )
 

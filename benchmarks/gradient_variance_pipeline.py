@@ -229,31 +229,42 @@ class Pipeline:
 
 
 class GradientClock:
-    """What the measured gradients cost: per gradient its completions and seconds (scoring, the
-    log-prob pass, the update), and the seconds spent sampling. The first gradient of each
-    batch shape compiles its programs, so the rate leaves those out."""
+    """What the measured gradients cost: per gradient its batch shape (prompts, rollouts per
+    prompt), completions and seconds (scoring, the log-prob pass, the update), and the seconds
+    spent sampling. The first gradient of each shape compiles its programs, so the rates leave
+    those out."""
 
     def __init__(self):
+        self.shapes: list[tuple[int, int]] = []
         self.rows: list[int] = []
         self.seconds: list[float] = []
         self.compiled: list[bool] = []  # the first gradient of its shape
         self.sampling = 0.0
-        self._shapes: set[tuple[int, int]] = set()
 
     def tick(self, shape: tuple[int, int], rows: int, seconds: float) -> None:
-        self.compiled.append(shape not in self._shapes)
-        self._shapes.add(shape)
+        self.compiled.append(shape not in self.shapes)
+        self.shapes.append(shape)
         self.rows.append(rows)
         self.seconds.append(seconds)
 
     def sampled(self, seconds: float) -> None:
         self.sampling += seconds
 
+    def _timed(self) -> list[tuple[tuple[int, int], int, float]]:
+        columns = zip(self.shapes, self.rows, self.seconds, self.compiled)
+        return [(shape, rows, s) for shape, rows, s, compiled in columns if not compiled]
+
     def seconds_per_row(self) -> float:
-        """Seconds per completion over the gradients that compiled nothing, with the sampling
-        time spread over all completions; NaN before there is one."""
-        timed = [(r, s) for r, s, c in zip(self.rows, self.seconds, self.compiled) if not c]
-        if not timed:
-            return float("nan")
-        rows = sum(r for r, _ in timed)
-        return sum(s for _, s in timed) / rows + self.sampling / sum(self.rows)
+        """Seconds per completion over the gradients that compiled nothing (NaN before one)."""
+        timed = self._timed()
+        rows = sum(r for _, r, _ in timed)
+        return sum(s for _, _, s in timed) / rows if rows else float("nan")
+
+    def seconds_per_gradient(self, shape: tuple[int, int]) -> float:
+        """Mean seconds of a gradient of `shape` that compiled nothing (NaN before one)."""
+        times = [s for sh, _, s in self._timed() if sh == shape]
+        return sum(times) / len(times) if times else float("nan")
+
+    def sampling_per_row(self) -> float:
+        """Sampling seconds per completion a gradient was taken of (0 before any)."""
+        return self.sampling / sum(self.rows) if self.rows else 0.0

@@ -7,9 +7,11 @@ import functools
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from benchmarks import gradient_variance as gv
 from benchmarks import gradient_variance_measure as gm
+from benchmarks import gradient_variance_pipeline as gv_pipeline
 
 CONFIG_OF = functools.partial(gv.tiny_config, "max", seed=0)  # dynamo: n_avg 8 in [2, 16]
 
@@ -19,9 +21,29 @@ def test_gradient_plan_counts_each_kind():
     args.allocations = ["uniform", "dynamo", "oracle_sigma"]
     plan = gm.GradientPlan.of(args, 8, 8)
     # reference 2 x 8*64 = 1024; sigma 8*4 = 32 x 8 = 256; draws 3*5 = 15 x 64 = 960
-    assert (plan.reference, plan.sigma, plan.draws) == ((2, 512), (32, 8), (15, 64))
+    assert plan.kinds == ((2, (8, 64)), (32, (1, 8)), (15, (8, 8)))
     assert plan.rows == 1024 + 256 + 960
-    assert str(plan).startswith("49 gradient computations")
+    assert str(plan).startswith("49 gradient computations: reference 2 x 512 completions")
+
+
+def test_progress_estimates_each_kind_at_its_own_shapes_seconds():
+    args = SimpleNamespace(reference=0, reference_n=64, sigma_draws=2, draws=3)
+    args.allocations = ["uniform", "dynamo"]
+    plan = gm.GradientPlan.of(args, 2, 4)  # sigma 4 x (1, 4), draws 6 x (2, 4)
+    clock = gv_pipeline.GradientClock()
+    progress = gm.Progress(plan, SimpleNamespace(clock=clock))
+    clock.tick((1, 4), 4, 9.0)  # compiles
+    clock.tick((1, 4), 4, 1.0)
+    clock.sampled(0.8)  # 0.1 s per completion over the 8
+    # sigma: 2 left at 1 s + 4 x 0.1 s; draws not timed yet: 6 x (8 x 1/4 s + 8 x 0.1 s)
+    assert progress.seconds_left() == pytest.approx(2 * 1.4 + 6 * (2.0 + 0.8))
+    clock.tick((2, 4), 8, 7.0)  # compiles
+    clock.tick((2, 4), 8, 3.0)
+    # sampling now 0.8 s over 24 completions; sigma: 2 left at 1 s + 4 x 0.8 / 24 s; draws: 4
+    # left at their own 3 s + 8 x 0.8 / 24 s
+    assert progress.seconds_left() == pytest.approx(
+        2 * (1.0 + 4 * 0.8 / 24) + 4 * (3.0 + 8 * 0.8 / 24)
+    )
 
 
 def test_oracle_allocation_is_alg1s_water_fill_of_sigma_in_dynamos_bounds():

@@ -100,15 +100,20 @@ def test_gradient_without_the_log_prob_pass_is_the_same_when_the_update_is_on_po
 
 def test_gradient_clock_leaves_out_each_shapes_first_gradient():
     clock = gv.GradientClock()
-    assert np.isnan(clock.seconds_per_row())
+    assert np.isnan(clock.seconds_per_row()) and clock.sampling_per_row() == 0.0
     clock.tick((1, 8), 8, 10.0)  # compiles
     clock.tick((1, 8), 8, 2.0)
     clock.tick((4, 8), 32, 20.0)  # compiles
     clock.tick((4, 8), 32, 4.0)
-    clock.sampled(6.0)
-    # (2 + 4) s over 8 + 32 timed completions, plus 6 s of sampling over all 80: 0.15 + 0.075
-    assert clock.compiled == [True, False, True, False]
-    assert clock.seconds_per_row() == pytest.approx(0.225)
+    clock.tick((4, 8), 32, 6.0)
+    clock.sampled(8.0)
+    assert clock.compiled == [True, False, True, False, False]
+    # (2 + 4 + 6) s over 8 + 32 + 32 timed completions; sampling 8 s over all 112
+    assert clock.seconds_per_row() == pytest.approx(12 / 72)
+    assert clock.seconds_per_gradient((4, 8)) == pytest.approx(5.0)
+    assert clock.seconds_per_gradient((1, 8)) == pytest.approx(2.0)
+    assert np.isnan(clock.seconds_per_gradient((4, 64)))
+    assert clock.sampling_per_row() == pytest.approx(8 / 112)
 
 
 def test_shared_prompts_give_the_same_gradient(tmp_path):
