@@ -107,11 +107,14 @@ class Progress:
             return
         self.timed = self.timed or first_timed
         self.quarter = max(self.quarter, quarter)
+        _, (prompts, n) = self.plan.draws
+        draw = self.clock.seconds_per_gradient((prompts, n))
+        draw_note = "" if np.isnan(draw) else f"; one draw's gradient {draw:.2f} s"
         print(
             f"  {done} of {self.plan.rows} completions' gradients done; "
             f"{self.clock.seconds_per_row():.3f} s per completion (scoring, passes, update; "
-            f"compiling left out) and {self.clock.sampling_per_row():.3f} s sampling: "
-            f"~{self.seconds_left() / 60:.1f} min to go",
+            f"compiling left out) and {self.clock.sampling_per_row():.3f} s sampling"
+            f"{draw_note}: ~{self.seconds_left() / 60:.1f} min to go",
             flush=True,
         )
 
