@@ -69,7 +69,9 @@ train.skip_on_policy_logprob_pass (the one update takes stop_gradient of its own
 draws and sigma_i's batches run no log-prob pass, as the training loop runs none.
 launch.py's `--config.KEY=VALUE` overrides apply to every section read from the file:
 `--config.train.share_prompts=True --config.train.packing=False` runs each prompt once in the
-update (the same gradients up to float32 rounding, at a fraction of the cost).
+update (the same gradients up to float32 rounding, at a fraction of the cost). Rollouts are
+sampled at the config's temperature (0.7 for configs/smollm2_arith.py). Give the overrides the
+run was launched with that change its data (data.seed, ...), so that the batch is the run's.
 
     python -m benchmarks.gradient_variance --config configs/smollm2_arith.py:pool=64 \
         --policy W --allocations uniform,dynamo,oracle_sigma --draws 32 --sigma_draws 8 \
