@@ -72,6 +72,7 @@ launch.py's `--config.KEY=VALUE` overrides apply to every section read from the 
 update (the same gradients up to float32 rounding, at a fraction of the cost). Rollouts are
 sampled at the config's temperature (0.7 for configs/smollm2_arith.py). Give the overrides the
 run was launched with that change its data (data.seed, ...), so that the batch is the run's.
+On SmolLM2 it needs a learning run's memory (11 GB resident measured): run it on its own.
 
     python -m benchmarks.gradient_variance --config configs/smollm2_arith.py:pool=64 \
         --policy W --allocations uniform,dynamo,oracle_sigma --draws 32 --sigma_draws 8 \
