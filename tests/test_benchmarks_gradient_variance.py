@@ -1,85 +1,47 @@
-"""The statistics and the gradient capture of benchmarks/gradient_variance.py.
+"""benchmarks/gradient_variance.py: the real-model mode end to end on a checkpointed run of a
+small configs/tiny.py (`--config FILE:ARGS --policy W`), its config loading and checkpoint
+restore, and the arguments.
 
-Oracles: hand-worked numbers (arithmetic in the comments), float64 NumPy computed directly on
-the draws, and for the captured gradient the same train step with SGD at learning rate 1, whose
-parameter change is the gradient.
+Oracles: orbax's own reading of the checkpoint's params item, the config file's sections as
+configs/tiny.py builds them, and exact allocation counts (uniform's n_i, every n summing to the
+budget N x n_avg).
 """
-
-from pathlib import Path
 
 import jax
 import numpy as np
-import optax
+import orbax.checkpoint as ocp
 import pytest
 
 from benchmarks import gradient_variance as gv
-from dynamo_jax.losses import LossConfig
-from dynamo_jax.models.presets import get_preset
-from dynamo_jax.models.qwen import init_params
-from dynamo_jax.sharding.mesh import MeshConfig, build_mesh
-from dynamo_jax.sharding.rules import DEFAULT_RULES
-from dynamo_jax.step.state import train_state_from_params
-from dynamo_jax.step.train_step import make_train_step
+from dynamo_jax.errors import CheckpointError, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-# XLA's backend optimisation level 0 halves CPU compile time; it does not change the program.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# configs/tiny.py at 4 prompts a step (budget 4 x 8), 1 step, checkpointed; the one
+# update is on-policy (no log-prob pass in the draws, as in configs/smollm2_arith.py)
+SMALL_CONFIG = """
+from configs import tiny
 
 
-def test_total_variance_hand_worked_and_against_direct_float64():
-    # Draws (0,0), (2,0), (1,3): mean (1,1); deviations (-1,-1), (1,-1), (0,2) with squared
-    # norms 2, 2, 4; unbiased total variance 8 / (3 - 1) = 4.
-    g = np.asarray([[0.0, 0.0], [2.0, 0.0], [1.0, 3.0]])
-    assert gv.total_variance(g @ g.T) == pytest.approx(4.0, rel=1e-12)
-    rng = np.random.default_rng(0)
-    g = rng.normal(size=(30, 50)) * rng.uniform(0.1, 3.0, 50) + 5.0
-    direct = np.var(g, axis=0, ddof=1).sum()
-    assert gv.total_variance(g @ g.T) == pytest.approx(direct, rel=1e-10)
+def get_config(arg=None):
+    config = tiny.get_config(arg)
+    config.train.steps = 1
+    config.train.prompts_per_step = 4
+    config.train.mini_batch_size = 32
+    config.train.skip_on_policy_logprob_pass = True
+    config.checkpoint.every_steps = 1
+    return config
+"""
 
 
-def test_bootstrap_variances_are_the_variances_of_the_resampled_draws():
-    rng = np.random.default_rng(1)
-    g = rng.normal(size=(12, 7))
-    boot = gv.bootstrap_variances(g @ g.T, 5, np.random.default_rng(7))
-    counts = np.random.default_rng(7).multinomial(12, np.full(12, 1 / 12), size=5)
-    for value, w in zip(boot, counts):
-        resampled = np.repeat(g, w, axis=0)
-        assert value == pytest.approx(np.var(resampled, axis=0, ddof=1).sum(), rel=1e-10)
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(config spec, workdir) of a 1-step GRPO run of the small config."""
+    from dynamo_jax.loop import train
 
-
-def test_appendix_c_and_the_two_models_of_an_allocation():
-    # sigma = [1, 1, 2, 0]: (sum sigma)^2 / (N sum sigma^2) = 16 / (4 * 6) = 2/3.
-    assert gv.appendix_c_optimum(np.asarray([1.0, 1.0, 2.0, 0.0])) == pytest.approx(2 / 3)
-    sigma2, n = np.asarray([1.0, 4.0]), np.asarray([4, 12])
-    # Prompt-mean model: (1/4 + 4/12) / ((1 + 4) / 8) = 0.583333 / 0.625 = 0.933333.
-    assert gv.prompt_mean_ratio(sigma2, n, 8) == pytest.approx(0.58333333 / 0.625)
-    # Token-mean model: (4*1 + 12*4) / (8 * (1 + 4)) = 52 / 40 = 1.3.
-    assert gv.token_mean_ratio(sigma2, n, 8) == pytest.approx(1.3)
-    # A prompt with sigma = 0 adds nothing to either (and no 0 / n_i term).
-    sigma2, n = np.asarray([1.0, 0.0]), np.asarray([8, 8])
-    assert gv.prompt_mean_ratio(sigma2, n, 8) == pytest.approx(1.0)
-    # p = 1/2, n = 2: P(mixed) = 1 - 1/4 - 1/4 = 1/2; p = 0 or 1: never mixed.
-    assert gv.mixed_group_probability(np.asarray([0.5, 0.0, 1.0]), 2) == pytest.approx(
-        [0.5, 0.0, 0.0]
-    )
-
-
-def test_predicted_ratio_interval_brackets_the_prediction_and_is_the_resampled_sigmas():
-    """Appendix C's predicted ratio recomputed on per-prompt bootstrap resamples of sigma_i's
-    draws: with one prompt's sigma the ratio is n_avg / n_i whatever the resample, and on
-    random draws the interval holds the point prediction."""
-    rng = np.random.default_rng(2)
-    one = rng.normal(size=(10, 4))
-    m = {"n_avg": 8, "sigma_grams": [one @ one.T]}
-    lo, hi = gv.predicted_ratio_interval(m, np.asarray([4]), 50, np.random.default_rng(0))
-    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
-    draws = [rng.normal(size=(40, 6)) * s for s in (0.5, 1.0, 3.0)]
-    m = {"n_avg": 8, "sigma_grams": [g @ g.T for g in draws]}
-    sigma2 = np.asarray([8 * gv.total_variance(g) for g in m["sigma_grams"]])
-    n = np.asarray([4, 8, 12])
-    point = gv.prompt_mean_ratio(sigma2, n, 8)
-    lo, hi = gv.predicted_ratio_interval(m, n, 400, np.random.default_rng(1))
-    assert lo < point < hi and hi - lo > 1e-3
+    root = tmp_path_factory.mktemp("gradient_variance")
+    (root / "small.py").write_text(SMALL_CONFIG)
+    spec = f"{root / 'small.py'}:method=grpo,task=max"
+    train.run(gv.config_file(spec), root / "run")
+    return spec, root / "run"
 
 
 def test_loss_agg_mode_override():
@@ -90,60 +52,105 @@ def test_loss_agg_mode_override():
     assert norm.max_len_norm == cfg.rollout.max_new_tokens
 
 
-def test_draw_stats_cosine_and_bias_hand_worked():
-    # Draws (1,0), (0,1) against g_ref (1,0): cos^2 = 1 and 0, mean 1/2. Mean (1/2, 1/2),
-    # ||mean - g_ref||^2 = 1/4 + 1/4 = 1/2; variance (1/2 + 1/2) / 1 = 1, over D = 2 is 1/2;
-    # bias^2 = (1/2 - 1/2 - 0) / ||g_ref||^2 = 0, and with Var(g_ref) = 0.1 it is -0.1.
-    g_ref = np.asarray([1.0, 0.0])
-    stats = gv.DrawStats.of(np.asarray([[1.0, 0.0], [0.0, 1.0]], np.float32), g_ref)
-    assert stats.variance == pytest.approx(1.0)
-    assert stats.mean_cos2(g_ref) == pytest.approx(0.5)
-    assert stats.relative_bias2(g_ref, 0.0) == pytest.approx(0.0, abs=1e-12)
-    assert stats.relative_bias2(g_ref, 0.1) == pytest.approx(-0.1)
-
-
-def test_capture_gradient_holds_the_steps_gradient_and_leaves_params_unchanged():
-    cfg = get_preset("tiny-qwen3", vocab_size=32)
-    mesh = build_mesh(MeshConfig(shape=(1, 1, 1)), jax.devices()[:1])
-    params = jax.tree.map(np.asarray, init_params(cfg, jax.random.key(3)))
-    rows, length = 8, 12
-
-    def batch(seed):
-        r = np.random.default_rng(seed)
-        loss_mask = np.zeros((rows, length), np.float32)
-        loss_mask[:, 6:] = 1.0
-        return {
-            "tokens": r.integers(1, 32, (rows, length)).astype(np.int32),
-            "positions": np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
-            "segment_ids": np.ones((rows, length), np.int32),  # one sequence per row
-            "loss_mask": loss_mask,
-            "advantages": r.normal(size=rows).astype(np.float32),
-            "old_logp": np.full((rows, length), -3.4, np.float32),
-            "temperature": np.float32(1.0),
-            "on_policy": np.float32(0.0),
-        }
-
-    def step_with(optimizer):
-        step = make_train_step(
-            cfg, LossConfig.preset("grpo"), optimizer, mesh, DEFAULT_RULES, batch_size=rows
+def test_config_file_is_the_files_config_with_the_method_added_or_replaced(run):
+    spec, _ = run
+    cfg = gv.config_file(spec)
+    assert cfg.train.prompts_per_step == 4 and cfg.first_update_on_policy
+    assert cfg.loss == gv.tiny_config("max", "grpo", 0).loss
+    for method in ("dynamo", "e3", "grpo"):  # method=grpo in the spec is replaced
+        assert (
+            gv.config_file(spec, method).allocation == gv.tiny_config("max", method, 0).allocation
         )
-        make_state = lambda: train_state_from_params(params, optimizer, step.state_shardings)
-        compiled = step.fn.lower(make_state(), batch(0)).compile(FAST_COMPILE)
-        return compiled, make_state
+    assert (
+        gv.config_file("configs/tiny.py", "dynamo").loss == gv.tiny_config("max", "dynamo", 0).loss
+    )
 
-    sgd_step, sgd_state = step_with(optax.sgd(1.0))
-    capture_step, capture_state = step_with(gv.capture_gradient())
-    state = capture_state()
-    for seed in (0, 1):  # the second call replaces the captured gradient, it does not add to it
-        new_sgd, _ = sgd_step(sgd_state(), batch(seed))
-        sgd_grad = jax.tree.map(lambda p, n: p - np.asarray(n), params, new_sgd.params)
-        state, metrics = capture_step(state, batch(seed))
-        captured = jax.device_get(state.opt_state)
-        for a, b in zip(jax.tree.leaves(captured), jax.tree.leaves(sgd_grad)):
-            np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
-        leaves = jax.tree.leaves(captured)
-        norm = np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in leaves))
-        assert norm == pytest.approx(float(metrics["grad_norm"]), rel=1e-5)
-        assert norm > 1e-3  # a real gradient, not the zero update
-        for a, b in zip(jax.tree.leaves(jax.device_get(state.params)), jax.tree.leaves(params)):
-            np.testing.assert_array_equal(a, b)
+
+# orbax read directly, with no target shardings, warns that it takes the saved ones
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
+def test_checkpoint_policy_restores_the_checkpoints_params(run):
+    spec, workdir = run
+    cfg = gv.config_file(spec)
+    step, params = gv.checkpoint_policy(cfg, workdir, None)
+    assert step == 1  # the latest
+    raw = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / "1" / "params"))
+    assert jax.tree.structure(raw) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(raw), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert gv.checkpoint_policy(cfg, workdir, 1)[0] == 1
+    with pytest.raises(CheckpointError, match="no step 7"):
+        gv.checkpoint_policy(cfg, workdir, 7)
+    with pytest.raises(ConfigError, match="not --config's model"):
+        gv.checkpoint_policy(gv.config_file("configs/smollm2_arith.py"), workdir, None)
+
+
+def test_real_mode_measures_the_checkpoint_under_both_modes_at_the_configs_budget(run, capsys):
+    spec, workdir = run
+    argv = ["--config", spec, "--policy", str(workdir), "--draws", "2", "--sigma_draws", "2"]
+    argv += ["--reference", "0", "--warmup", "4", "--bootstrap", "20"]
+    argv += ["--allocations", "uniform,dynamo,oracle_sigma"]
+    measured = gv.main(argv)
+    out = capsys.readouterr().out
+    assert [m["task"] for m in measured] == ["token-mean", "prompt-mean"]
+    # reference 0, sigma_i 4 prompts x 2 of 8 completions, draws up to 3 x 2 of 4 x 8
+    assert "14 gradient computations" in out and "256 completions in all" in out
+    assert "min to go" in out  # the estimate, once a gradient compiled nothing
+    dynamo = gv.config_file(spec, "dynamo").allocation
+    for m in measured:
+        assert m["stage"] == 1 and m["n_avg"] == 8
+        n = m["allocations"]
+        np.testing.assert_array_equal(n["uniform"], [8, 8, 8, 8])
+        for name in ("dynamo", "oracle_sigma"):
+            assert n[name].sum() == 32
+            assert n[name].min() >= dynamo.g_min and n[name].max() <= dynamo.g_max
+        for s in m["stats"].values():
+            assert s.gram.shape == (2, 2) and s.variance > 0 and s.ref_dot is None
+        assert np.all(m["sigma2"] >= 0) and m["sigma2"].sum() > 0
+        assert f"at step 1 of `{workdir}`, {m['task']}" in out
+    # The same seeds: the modes see the same rollouts (warm-up history, hence dynamo's n_i) and
+    # differ in the loss's gradient only.
+    a, b = measured
+    np.testing.assert_array_equal(a["warmup_p"], b["warmup_p"])
+    np.testing.assert_array_equal(a["allocations"]["dynamo"], b["allocations"]["dynamo"])
+    assert not np.allclose(a["sigma2"], b["sigma2"])
+    assert "| `prompt-mean` | 1 |" in out and "| n/a | n/a |" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config", "configs/tiny.py"], "go together"),
+        (["--policy", "W"], "go together"),
+        (["--config", "nowhere.py", "--policy", "W"], "no such file"),
+        (["--loss_agg_mode", "token-mean,prompt-mean"], "a list with --config"),
+        (["--loss_agg_mode", "token-sum"], "token-sum"),
+        (["--reference", "1"], "--reference 0 or >= 2"),
+        (["--warmup", "2"], "at least 2 per round"),
+        (["--config.train.packing=False"], "needs --config"),
+        (["--config", "configs/tiny.py", "--policy", "W", "--config.train.nope=1"], "train.nope"),
+        (["--config", "configs/tiny.py", "--policy", "W", "--config.train.packing=2"], "packing"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gv.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_real_mode_defaults_to_both_modes_and_tiny_mode_to_the_methods_own():
+    args = gv.parse_args(["--config", "configs/tiny.py", "--policy", "W"])
+    assert args.loss_agg_mode == ["token-mean", "prompt-mean"]
+    assert gv.parse_args([]).loss_agg_mode == [""]
+
+
+def test_config_overrides_are_set_as_the_fields_types():
+    argv = ["--config", "configs/smollm2_arith.py:pool=64", "--policy", "W"]
+    argv += ["--config.train.share_prompts=True", "--config.train.packing=false"]
+    argv += ["--config.optim.learning_rate=3e-5", "--config.train.steps=3"]
+    args = gv.parse_args(argv)
+    cfg = gv.config_file(args.config, "dynamo", args.overrides)
+    assert cfg.train.share_prompts is True and cfg.train.packing is False
+    assert cfg.optim.learning_rate == 3e-5 and cfg.train.steps == 3
+    assert cfg.data.max_train_problems == 64 and cfg.allocation.policy == "dynamo"
