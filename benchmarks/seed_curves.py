@@ -52,9 +52,7 @@ def area_under(curve: dict[int, float]) -> float:
     xs = sorted(curve)
     if len(xs) < 2:
         return float(curve[xs[0]]) if xs else float("nan")
-    ys = [curve[x] for x in xs]
-    area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]))
-    return area / (xs[-1] - xs[0])
+    return float(np.trapezoid([curve[x] for x in xs], xs) / (xs[-1] - xs[0]))
 
 
 def wall_seconds(records: list[dict]) -> float:
@@ -107,6 +105,15 @@ def _moved_share(line: dict) -> float:
     return moved_share(np.repeat(np.arange(counts.size), counts))
 
 
+def _summed_hist(lines: list[dict]) -> np.ndarray:
+    """The steps' `alloc/n_hist` added up (prompts given each n_i)."""
+    hists = [np.asarray(r["alloc/n_hist"], np.int64) for r in lines]
+    total = np.zeros(max(h.size for h in hists), np.int64)
+    for h in hists:
+        total[: h.size] += h
+    return total
+
+
 def allocation_table(groups: dict[str, list[Path]]) -> str:
     """What the allocation did, a row per run, over its training steps: the share of the budget
     moved away from uniform (`alloc/moved_share`, mean and max), the share of groups with no
@@ -124,11 +131,7 @@ def allocation_table(groups: dict[str, list[Path]]) -> str:
             if not lines:
                 raise SystemExit(f"seed_curves: {d}/metrics.jsonl: no training steps")
             moved = [_moved_share(r) for r in lines]
-            hist = np.zeros(1, np.int64)
-            for r in lines:
-                h = np.asarray(r["alloc/n_hist"], np.int64)
-                hist = np.pad(hist, (0, max(0, h.size - hist.size)))
-                hist[: h.size] += h
+            hist = _summed_hist(lines)
             n_lo = min(int(r["alloc/n_min"]) for r in lines if "alloc/n_min" in r)
             n_hi = max(int(r["alloc/n_max"]) for r in lines if "alloc/n_max" in r)
             zero_var = np.mean([r["reward/zero_var_groups"] for r in lines])
@@ -194,18 +197,14 @@ def plot_allocation(groups: dict[str, list[Path]], out: Path) -> None:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     width = 0.8 / max(1, len(groups))
     for k, (colour, (label, dirs)) in enumerate(zip(colours, groups.items())):
-        hist = np.zeros(1, np.int64)
-        for i, d in enumerate(dirs):
-            lines = _train_lines(_records(d))
+        runs = [_train_lines(_records(d)) for d in dirs]
+        for i, lines in enumerate(runs):
             steps = [int(r["step"]) for r in lines]
             kw = {"color": colour, "alpha": 0.6, "linewidth": 1}
             kw["label"] = label if i == 0 else None
             axes[0].plot(steps, [_moved_share(r) for r in lines], **kw)
             axes[1].plot(steps, [r["reward/zero_var_groups"] for r in lines], **kw)
-            for r in lines:
-                h = np.asarray(r["alloc/n_hist"], np.int64)
-                hist = np.pad(hist, (0, max(0, h.size - hist.size)))
-                hist[: h.size] += h
+        hist = _summed_hist([r for lines in runs for r in lines])
         n = np.arange(hist.size)
         axes[2].bar(n + (k - (len(groups) - 1) / 2) * width, hist / hist.sum(), width, color=colour)
     for ax, title in zip(
