@@ -299,13 +299,19 @@ def test_check_still_there_notices_a_workdir_deleted_or_replaced(tmp_path):
     workdir.mkdir()
     started_in = run_dir.identity(workdir)
     assert run_dir.check_still_there(workdir, started_in) is None
+    # Moved away, the original directory lives on elsewhere and keeps its inode, so the one made
+    # in its place next is certainly another (after an rmdir the filesystem may hand the freed
+    # inode straight back, and a replacement would look like the original).
+    workdir.rename(tmp_path / "moved")
+    assert "disappeared while the run was using it" in run_dir.check_still_there(
+        workdir, started_in
+    )
+    workdir.mkdir()
+    assert "was replaced by another directory" in run_dir.check_still_there(workdir, started_in)
     workdir.rmdir()
     assert "disappeared while the run was using it" in run_dir.check_still_there(
         workdir, started_in
     )
-    (tmp_path / "other").mkdir()  # a placeholder, so the new directory gets another inode
-    workdir.mkdir()
-    assert "was replaced by another directory" in run_dir.check_still_there(workdir, started_in)
 
 
 @pytest.mark.slow
