@@ -350,3 +350,25 @@ def test_a_zero_budget_switches_counting_off():
     assert "CPU" in score_one(NESTED[16], "42", cfg).detail  # the CPU limit decides, not work
     with pytest.raises(ValueError, match="RewardConfig.max_work_calls"):
         RewardConfig(max_work_calls=-1)
+
+
+def test_a_swallowed_cpu_deadline_still_times_the_item_out(monkeypatch):
+    """A library's bare `except:` catching the deadline and going on to a verdict: the item is
+    still a `timeout` (as the work budget's flag does for a swallowed budget)."""
+    import time
+
+    from dynamo_jax.rewards import math_check
+
+    def swallowing(text, gold, cfg):
+        end = time.process_time() + 0.5
+        while time.process_time() < end:
+            try:
+                sum(range(10_000))
+            except BaseException:  # noqa: BLE001, S110  (what the test stands for)
+                pass
+        return math_check.make_verdict("correct", cfg)
+
+    monkeypatch.setattr(math_check, "_score_unbounded", swallowing)
+    cfg = dataclasses.replace(CFG, max_work_calls=0, timeout_s=0.1, wall_timeout_s=20.0)
+    verdict = score_one("\\boxed{42}", "42", cfg)
+    assert (verdict.status, verdict.detail) == ("timeout", "exceeded 0.1 CPU s")

@@ -237,10 +237,16 @@ def _parse_gold(gold: str) -> list:
     return _parsed(source)
 
 
+_DEADLINE = {"fired": False}  # whether the last time_limit's deadline passed
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float):
     def on_alarm(signum, frame):
+        _DEADLINE["fired"] = True  # kept even if a library's bare `except:` swallows the raise
         raise DeadlineExceeded()
+
+    _DEADLINE["fired"] = False
 
     previous = signal.signal(signal.SIGPROF, on_alarm)
     signal.setitimer(signal.ITIMER_PROF, seconds)
@@ -500,4 +506,6 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
         return make_verdict(
             "timeout", cfg, detail=f"exceeded the work budget ({cfg.max_work_calls} calls)"
         )
+    if _DEADLINE["fired"]:  # the same for the CPU deadline
+        return make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
     return verdict
