@@ -87,6 +87,7 @@ def _after_first_step(record: dict) -> list[dict]:
     return [c for c in record["compiled"] if c["ended_at"] > record["step_starts"][1]]
 
 
+@pytest.mark.slow
 def test_a_short_run_compiles_each_program_once_and_a_resume_nothing_new(tmp_path, jax_cache_dir):
     """Two steps, each evaluated and checkpointed, then resumed for two more in a new
     process: the programs are the table's, every one compiled in the first step (the

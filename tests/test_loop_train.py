@@ -126,6 +126,7 @@ def _snapshot(workdir):
     return {p.relative_to(workdir): p.read_bytes() for p in files}
 
 
+@pytest.mark.slow
 def test_checkpoints_that_do_not_fit_are_an_error_and_start_over_moves_them(finished_run, tmp_path):
     config, original = finished_run
     workdir = _copy(original, tmp_path)

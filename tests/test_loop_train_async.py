@@ -98,6 +98,7 @@ def test_lagged_batches_are_trained_against_their_behaviour_policy(tmp_path, mon
     assert min(r["rollout/engine_logp_abs_diff_max"] for r in records[1:]) > 1e-3
 
 
+@pytest.mark.slow
 def test_engine_log_probs_as_the_behaviour_policy(tmp_path, monkeypatch):
     batches = _capture_updates(monkeypatch)
     config = _short_config(method="grpo", steps=2, every=2)
@@ -162,6 +163,7 @@ def test_sigkill_and_resume_is_bit_identical_with_staleness_one(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, all_a.host, all_b.host)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_trains_on_signal_and_records_every_group(tmp_path, monkeypatch):
     """GRPO + dynamic sampling on the tiny task from a random start (most groups all wrong):
     no trained group has equal rewards, the history counts every generated rollout and prompt,
@@ -206,6 +208,7 @@ def test_dynamic_sampling_trains_on_signal_and_records_every_group(tmp_path, mon
     assert first["reward/prompts_with_signal"] == first["dynamic/groups_with_signal"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["dynamic_sampling", "staleness_one"])
 def test_prompt_mean_trains_with_dynamic_sampling_and_with_staleness(tmp_path, monkeypatch, case):
     """loss_agg_mode prompt-mean through the whole loop, DynaMO's GC/UMS loss and allocation:

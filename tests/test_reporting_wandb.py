@@ -36,6 +36,7 @@ def _config(steps):
     return config
 
 
+@pytest.mark.slow
 def test_offline_run_is_logged_and_read_back_then_resume_continues_it(tmp_path, offline, capsys):
     workdir = tmp_path / "run"
     cfg = from_config_dict(_config(steps=3))

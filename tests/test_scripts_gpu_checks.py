@@ -12,6 +12,7 @@ import pytest
 from helpers.scripts import ROOT, load_script
 
 
+@pytest.mark.slow
 def test_smoke_mode_runs_every_part_into_one_directory(tmp_path):
     out = tmp_path / "gpu_checks"
     env = {**os.environ, "PYTHON": sys.executable}

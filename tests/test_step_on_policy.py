@@ -192,6 +192,7 @@ def test_the_pass_over_some_rows_is_the_whole_pass_on_them(tiny3):
     assert part.ref_logp is None
 
 
+@pytest.mark.slow
 def test_a_run_without_the_first_updates_pass_trains_like_one_with_it(tmp_path, monkeypatch):
     """The tiny GRPO config, 2 updates a step, 2 steps, with and without the skip: the pass
     scores exactly the rows of the updates after the first (the rows `mini_batch_order` gives
@@ -243,6 +244,7 @@ def _final_params(workdir, config):
     return _final_state(workdir, config)[1]
 
 
+@pytest.mark.slow
 def test_a_run_with_the_engines_old_logp_and_no_pass(tmp_path, monkeypatch):
     """The tiny GRPO config, 2 updates a step, 2 steps, π_old from the engine: with the skip no
     pass runs and the run is the one with the pass (whose π_old on the trained tokens is the

@@ -147,6 +147,7 @@ def test_share_prompts_needs_unpacked_rows():
     assert layouts.update.shared_prompts == layouts.logprob_pass.shared_prompts == (16, 16)
 
 
+@pytest.mark.slow
 def test_a_run_with_shared_prompts_trains_like_one_without(tmp_path):
     """The tiny GRPO config (16 prompts x 8 samples, 2 updates a step), 2 steps each way: the
     same losses, gradient norms and rewards, and final parameters within float32 noise."""
