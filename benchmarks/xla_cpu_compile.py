@@ -27,11 +27,14 @@ import numpy as np
 from benchmarks.harness import header
 
 
-def _options(text: str) -> dict[str, str]:
+def _options(text: str) -> dict[str, str | bool | int]:
+    """`NAME=VALUE` as a compiler option: XLA takes a bool or an int as one, not its text."""
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise SystemExit(f"error: {text!r}: give an option as NAME=VALUE")
-    return {name: value}
+    if value.lower() in ("true", "false"):
+        return {name: value.lower() == "true"}
+    return {name: int(value) if value.lstrip("-").isdigit() else value}
 
 
 def tiny_update():

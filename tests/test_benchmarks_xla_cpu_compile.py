@@ -13,6 +13,13 @@ def test_same_bits_tells_one_ulp_apart_and_takes_nan_as_equal():
     assert not xla_cpu_compile.same_bits(a, a[:1])
 
 
+def test_options_are_read_as_the_bool_or_int_xla_takes():
+    assert xla_cpu_compile._options("a=true") == {"a": True}
+    assert xla_cpu_compile._options("a=False") == {"a": False}
+    assert xla_cpu_compile._options("a=-1") == {"a": -1}
+    assert xla_cpu_compile._options("a=") == {"a": ""}
+
+
 def test_an_option_without_a_value_is_refused_in_one_line():
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         xla_cpu_compile.main(["xla_backend_optimization_level"])
