@@ -39,6 +39,7 @@ from math_verify import parse, verify
 from benchmarks.rewards import make_completions  # the sibling benchmark's completions
 from dynamo_jax.rewards import RewardConfig, RewardPool, score_one
 from dynamo_jax.rewards.isolate import call_isolated, score_isolated, score_item
+from dynamo_jax.rewards.math_check import NeedsParser, without_parser
 from dynamo_jax.rewards.worker import warm_up
 
 
@@ -60,15 +61,69 @@ def bare_math_verify(text: str, gold: str) -> bool:
     return bool(verify(gold_parsed, parse(text, parsing_timeout=None), timeout_seconds=None))
 
 
+def _bare_phases(text: str, gold: str) -> tuple[float, float, float]:
+    """CPU seconds of bare math-verify's gold parse, answer parse and verify, in that order."""
+    gold_source = gold if "$" in gold else "\\boxed{" + gold + "}"
+    start = time.process_time()
+    gold_parsed = parse(gold_source, parsing_timeout=None)
+    parsed = time.process_time()
+    answer = parse(text, parsing_timeout=None)
+    answered = time.process_time()
+    verify(gold_parsed, answer, timeout_seconds=None)
+    return parsed - start, answered - parsed, time.process_time() - answered
+
+
+def needs_parser(text: str, gold: str, cfg: RewardConfig) -> bool:
+    """Whether the scorer reaches math-verify's parser for this item (else a worker scores it
+    without a fork)."""
+    try:
+        with without_parser():
+            score_one(text, gold, cfg)
+    except NeedsParser:
+        return True
+    return False
+
+
+def fork_split(texts: list[str], golds: list[str], cfg: RewardConfig) -> dict[str, float]:
+    """Where a forked item's CPU goes, per item that needs the parser (mean CPU ms): the fork
+    itself, bare math-verify's three phases in a fresh fork of this (warm) process, and the
+    scorer's whole `score_isolated`."""
+    items = [(t, g) for t, g in zip(texts, golds) if needs_parser(t, g, cfg)]
+    totals = dict.fromkeys(("fork alone", "gold parse", "answer parse", "verify"), 0.0)
+    totals["score_isolated"] = 0.0
+    for text, gold in items:
+        cpu = _cpu_s()
+        call_isolated(len, text)
+        totals["fork alone"] += _cpu_s() - cpu
+        phases = call_isolated(_bare_phases, text, gold)
+        for name, seconds in zip(("gold parse", "answer parse", "verify"), phases):
+            totals[name] += seconds
+        cpu = _cpu_s()
+        score_isolated(text, gold, cfg)
+        totals["score_isolated"] += _cpu_s() - cpu
+    return {"items": len(items), **{k: 1e3 * v / max(len(items), 1) for k, v in totals.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--split", action="store_true", help="only where a forked item's CPU goes, per phase"
+    )
     args = parser.parse_args()
     texts, golds = make_completions(args.num, seed=args.seed)
     cfg = RewardConfig(timeout_s=20.0)
     no_budget = RewardConfig(timeout_s=20.0, max_work_calls=0)
     warm_up(cfg)
+    if args.split:
+        split = fork_split(texts, golds, cfg)
+        print(f"{split.pop('items')} of {args.num} completions (seed {args.seed}) need the parser;")
+        print("per such item, CPU ms in a fork of this warm process (bare math-verify's phases):")
+        for name, ms in split.items():
+            print(f"  {name:15s} {ms:6.1f}")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        return
     variants = {
         "math-verify": lambda t, g: bare_math_verify(t, g),
         "score_one, no budget": lambda t, g: score_one(t, g, no_budget),
