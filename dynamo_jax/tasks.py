@@ -20,7 +20,6 @@ from dynamo_jax import data
 from dynamo_jax.config import RunConfig
 from dynamo_jax.errors import ConfigError, DataError
 from dynamo_jax.models.tokenizer import batch_decoder, stop_token_ids, tokenizer_from_spec
-from dynamo_jax.rewards import RewardPool
 from dynamo_jax.rewards.verdict import STATUSES
 from dynamo_jax.rollout.protocol import Completion
 from dynamo_jax.sharding import multihost
@@ -116,6 +115,8 @@ def make_scorer(cfg: RunConfig) -> Any:
     user's `reward.function` always runs in the pool, whatever the task."""
     if cfg.data.task == "synthetic" and not cfg.reward.function:
         return data.SyntheticScorer(cfg.reward)
+    from dynamo_jax.rewards.scorer import RewardPool  # loads math-verify, which the above never needs
+
     pool = RewardPool(cfg.reward)
     pool.start()
     return pool

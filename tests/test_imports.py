@@ -120,3 +120,34 @@ def test_no_test_module_imports_another():
         "test_a",
         "tests.test_b",
     ]
+
+
+def test_a_synthetic_run_loads_no_library_it_does_not_use():
+    """The tiny run's start (loop, tasks, the synthetic checker, the metrics writer, the plots
+    module) loads neither torch (tensorboardX asks for it), matplotlib (plots are drawn at the
+    end), nor SymPy and math-verify (the math tasks' scorer): together ~2 s of every start."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import dynamo_jax.loop.train, dynamo_jax.tasks, dynamo_jax.reporting.plots\n"
+        "from dynamo_jax.data.synthetic import SyntheticScorer\n"
+        "from dynamo_jax.rewards import RewardConfig\n"
+        "print(SyntheticScorer(RewardConfig()).score(['3'], ['3'])[0].status)\n"
+        "print(sorted(m for m in ('torch', 'matplotlib', 'sympy', 'math_verify') "
+        "if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["correct", "[]"], out.stdout
+
+
+def test_the_rewards_package_still_gives_its_scorer_and_pool_by_name():
+    import dynamo_jax.rewards as rewards
+    from dynamo_jax.rewards.math_check import score_one
+    from dynamo_jax.rewards.scorer import RewardPool
+
+    assert rewards.score_one is score_one and rewards.RewardPool is RewardPool
+    with pytest.raises(AttributeError, match="no attribute 'missing'"):
+        rewards.missing  # noqa: B018

@@ -164,3 +164,25 @@ def test_an_enospc_from_tensorboard_is_one_disk_full_error(tmp_path, monkeypatch
         w.write(2, {"r": 0.5})
     w.close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]  # the JSONL record was written
+
+
+def test_tensorboard_is_written_without_importing_torch_and_torch_imports_after(tmp_path):
+    """torch's import was most of a run start's tensorboardX import; the writer never logs a
+    torch tensor, so it is kept out (metrics._summary_writer_class), and left importable."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from dynamo_jax.reporting.metrics import LoggingConfig, MetricsWriter\n"
+        f"w = MetricsWriter({str(tmp_path)!r}, LoggingConfig(tensorboard=True, progress_bar=False),"
+        " total_steps=2, start_step=0)\n"
+        "w.write(1, {'r': 1.0}); w.close()\n"
+        "print('torch loaded:', 'torch' in sys.modules)\n"
+        "import torch\n"
+        "print('torch after:', torch.tensor([1.0]).item())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch loaded: False" in out.stdout and "torch after: 1.0" in out.stdout
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

@@ -45,8 +45,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dynamo_jax.data.rows import Row, hash_id
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.math_check import make_verdict
-from dynamo_jax.rewards.verdict import Verdict
+from dynamo_jax.rewards.verdict import Verdict, make_verdict
 
 PAD, BOS_TURN, EOS, UNK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"
 _SPECIALS = (PAD, BOS_TURN, EOS, UNK)

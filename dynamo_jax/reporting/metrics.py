@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,29 @@ WANDB_MODES = ("", "online", "offline", "disabled")  # wandb.init's modes ("" = 
 # tensorboardX's writer thread flushes every this many seconds: a week, i.e. never during a step
 # (its queue poll takes the timeout in int32 milliseconds, so no larger).
 _TB_NEVER_S = 7 * 24 * 3600
+
+
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter, imported without torch where torch is not loaded yet.
+
+    Its writer module tries `import torch` only to also accept torch tensors, which nothing here
+    logs, and torch's import took 1.4 of the 1.55 s that importing tensorboardX took at every
+    run's start (benchmarks/README.md#compile-time). For the length of that import, `torch` is
+    marked missing in `sys.modules` (its `except ImportError` path); afterwards torch imports
+    as usual.
+    """
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
 
 # The figures shown on the progress bar, in order, when present.
 _BAR_KEYS = (
@@ -140,8 +164,7 @@ class MetricsWriter:
         self._full = False  # a write found the disk full (close then drops what it cannot flush)
         self._tb = None
         if config.tensorboard:
-            from tensorboardX import SummaryWriter
-
+            SummaryWriter = _summary_writer_class()
             # write() flushes after each step; the writer thread never flushes on its own
             # (a disk-full error there would kill the thread and then block the next step).
             self._tb = SummaryWriter(

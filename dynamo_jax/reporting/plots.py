@@ -11,13 +11,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from dynamo_jax.reporting.metrics import read_metrics
 
-from dynamo_jax.reporting.metrics import read_metrics  # noqa: E402
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, imported when a plot is drawn: a run imports
+    this module at its start and draws at its end (the import takes ~0.5 s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 # (file name, title, [(metric key, legend label)])
 _LINE_PLOTS = (
@@ -49,6 +57,7 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def _line_plot(records, path: Path, title: str, keys) -> bool:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     drawn = False
     for key, label in keys:
@@ -79,6 +88,7 @@ def _allocation_plot(records, path: Path) -> bool:
     hists = [
         (r["step"], r["alloc/n_hist"]) for r in records if isinstance(r.get("alloc/n_hist"), list)
     ]
+    plt = _pyplot()
     fig, axes = plt.subplots(2 if hists else 1, 1, figsize=(6, 6 if hists else 3.5), squeeze=False)
     ax = axes[0, 0]
     ax.fill_between(steps, lo, hi, alpha=0.3, label="min..max")

@@ -46,7 +46,7 @@ from dynamo_jax.rewards import budget, number, screen
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.extract import box_spans, matching_braces, max_nesting_depth
 from dynamo_jax.rewards.normalise import normalise
-from dynamo_jax.rewards.verdict import Status, Verdict
+from dynamo_jax.rewards.verdict import Status, Verdict, make_verdict, reward_for  # noqa: F401
 
 
 class DeadlineExceeded(BaseException):
@@ -171,19 +171,6 @@ def _parsed(source: str) -> list:
     return [
         _imaginary_unit(_evaluate_infinities(item)) for item in parse(source, parsing_timeout=None)
     ]
-
-
-def reward_for(status: Status, cfg: RewardConfig) -> float:
-    """The configured reward of a status: correct, no answer, or anything else (= wrong)."""
-    if status == "correct":
-        return float(cfg.correct_reward)
-    if status == "no_answer":
-        return float(cfg.no_answer_reward)
-    return float(cfg.wrong_reward)
-
-
-def make_verdict(status: Status, cfg: RewardConfig, answer=None, detail: str = "") -> Verdict:
-    return Verdict(reward_for(status, cfg), status, answer, detail)
 
 
 def precheck(text, cfg: RewardConfig) -> Verdict | None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from dynamo_jax.rewards.config import RewardConfig
 
 Status = Literal["correct", "wrong", "no_answer", "timeout", "parse_error"]
 STATUSES: tuple[str, ...] = ("correct", "wrong", "no_answer", "timeout", "parse_error")
@@ -29,3 +32,16 @@ class Verdict:
             raise ValueError(f"Verdict.status must be one of {STATUSES}, got {self.status!r}")
         if self.answer is not None and len(self.answer) > _MAX_ANSWER_REPR:
             object.__setattr__(self, "answer", self.answer[:_MAX_ANSWER_REPR] + "...")
+
+
+def reward_for(status: Status, cfg: RewardConfig) -> float:
+    """The configured reward of a status: correct, no answer, or anything else (= wrong)."""
+    if status == "correct":
+        return float(cfg.correct_reward)
+    if status == "no_answer":
+        return float(cfg.no_answer_reward)
+    return float(cfg.wrong_reward)
+
+
+def make_verdict(status: Status, cfg: RewardConfig, answer=None, detail: str = "") -> Verdict:
+    return Verdict(reward_for(status, cfg), status, answer, detail)
