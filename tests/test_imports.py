@@ -123,11 +123,10 @@ def test_no_test_module_imports_another():
 
 
 def test_a_synthetic_run_loads_no_library_it_does_not_use():
-    """The tiny run's start (loop, tasks, the synthetic checker, the metrics writer, the plots
-    module) loads neither torch (tensorboardX asks for it), matplotlib (plots are drawn at the
-    end), nor SymPy and math-verify (the math tasks' scorer): together ~2 s of every start."""
-    import subprocess
-    import sys
+    """The tiny run's start (loop, tasks, the synthetic checker, the plots module) loads neither
+    torch, matplotlib (plots are drawn at the end), nor SymPy and math-verify (the math tasks'
+    scorer); tensorboardX's own ask for torch is tests/test_reporting_metrics.py's."""
+    from helpers.scripts import python_snippet
 
     code = (
         "import sys\n"
@@ -138,9 +137,8 @@ def test_a_synthetic_run_loads_no_library_it_does_not_use():
         "print(sorted(m for m in ('torch', 'matplotlib', 'sympy', 'math_verify') "
         "if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[:2] == ["correct", "[]"], out.stdout
+    out = python_snippet(code)
+    assert out.split("\n")[:2] == ["correct", "[]"], out
 
 
 def test_the_rewards_package_still_gives_its_scorer_and_pool_by_name():

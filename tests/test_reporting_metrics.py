@@ -169,8 +169,7 @@ def test_an_enospc_from_tensorboard_is_one_disk_full_error(tmp_path, monkeypatch
 def test_tensorboard_is_written_without_importing_torch_and_torch_imports_after(tmp_path):
     """torch's import was most of a run start's tensorboardX import; the writer never logs a
     torch tensor, so it is kept out (metrics._summary_writer_class), and left importable."""
-    import subprocess
-    import sys
+    from helpers.scripts import python_snippet
 
     code = (
         "import sys\n"
@@ -182,7 +181,6 @@ def test_tensorboard_is_written_without_importing_torch_and_torch_imports_after(
         "import torch\n"
         "print('torch after:', torch.tensor([1.0]).item())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "torch loaded: False" in out.stdout and "torch after: 1.0" in out.stdout
+    out = python_snippet(code)
+    assert "torch loaded: False" in out and "torch after: 1.0" in out
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

@@ -26,6 +26,15 @@ def load_script(relative_path: str) -> ModuleType:
     return module
 
 
+def python_snippet(code: str, timeout: float = 120) -> str:
+    """The standard output of `python -c code` in a fresh interpreter (what a new process
+    imports, nothing this test session loaded); a failure shows its stderr's end."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 600):
     """`python launch.py *args` from the repository root: the CompletedProcess, output captured
     as text (a test that hangs fails at `timeout` instead of blocking the tier)."""
