@@ -115,7 +115,8 @@ def make_scorer(cfg: RunConfig) -> Any:
     user's `reward.function` always runs in the pool, whatever the task."""
     if cfg.data.task == "synthetic" and not cfg.reward.function:
         return data.SyntheticScorer(cfg.reward)
-    from dynamo_jax.rewards.scorer import RewardPool  # loads math-verify, which the above never needs
+    # Imported here: it loads math-verify, which the synthetic checker above never needs.
+    from dynamo_jax.rewards.scorer import RewardPool
 
     pool = RewardPool(cfg.reward)
     pool.start()
