@@ -268,8 +268,7 @@ def task_rows(cfg) -> list[dict]:
 
 def reward_values(reward_cfg) -> dict[str, float]:
     """The reward of each verdict status under the run's reward section."""
-    from dynamo_jax.rewards.math_check import reward_for
-    from dynamo_jax.rewards.verdict import STATUSES
+    from dynamo_jax.rewards.verdict import STATUSES, reward_for
 
     return {s: float(reward_for(s, reward_cfg)) for s in STATUSES}
 

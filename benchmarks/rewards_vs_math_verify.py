@@ -55,17 +55,20 @@ def _worker_cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def _gold_source(gold: str) -> str:
+    """The gold as math-verify parses it: boxed, unless it carries its own `$...$`."""
+    return gold if "$" in gold else "\\boxed{" + gold + "}"
+
+
 def bare_math_verify(text: str, gold: str) -> bool:
-    gold_source = gold if "$" in gold else "\\boxed{" + gold + "}"
-    gold_parsed = parse(gold_source, parsing_timeout=None)
+    gold_parsed = parse(_gold_source(gold), parsing_timeout=None)
     return bool(verify(gold_parsed, parse(text, parsing_timeout=None), timeout_seconds=None))
 
 
 def _bare_phases(text: str, gold: str) -> tuple[float, float, float]:
     """CPU seconds of bare math-verify's gold parse, answer parse and verify, in that order."""
-    gold_source = gold if "$" in gold else "\\boxed{" + gold + "}"
     start = time.process_time()
-    gold_parsed = parse(gold_source, parsing_timeout=None)
+    gold_parsed = parse(_gold_source(gold), parsing_timeout=None)
     parsed = time.process_time()
     answer = parse(text, parsing_timeout=None)
     answered = time.process_time()

@@ -37,7 +37,7 @@ def _options(text: str) -> dict[str, str | bool | int]:
     return {name: int(value) if value.lstrip("-").isdigit() else value}
 
 
-def tiny_update():
+def tiny_update(workdir: Path):
     """(lowered update, state, batch of NumPy arrays) of the tiny run's first update."""
     import jax
 
@@ -47,7 +47,7 @@ def tiny_update():
     from dynamo_jax.step.planner import abstract_batch
 
     cfg = from_config_dict(tiny.get_config(None))
-    trainer = build_trainer(cfg, Path(tempfile.mkdtemp(prefix="xla_cpu_compile_")))
+    trainer = build_trainer(cfg, workdir)
     layout, step = trainer.layouts.update, trainer.train_step
     abstract = abstract_batch(step.batch_shardings, layout.max_rows, layout.row_len)
     state = jax.tree.map(
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def _table(variants: list[dict]) -> list[dict]:
     from dynamo_jax.step.xla_options import _CPU_TRAINER_OPTIONS
 
-    lowered, state, batch = tiny_update()
+    with tempfile.TemporaryDirectory(prefix="xla_cpu_compile_") as workdir:
+        lowered, state, batch = tiny_update(Path(workdir))
     print(header("the tiny run's update under XLA:CPU options"))
     print("| options | compile CPU s | run ms (median) | same bits as the trainer's |")
     print("|---|---|---|---|")

@@ -38,8 +38,8 @@ import resource
 import signal
 
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.math_check import NeedsParser, make_verdict, score_one, without_parser
-from dynamo_jax.rewards.verdict import Verdict
+from dynamo_jax.rewards.math_check import NeedsParser, score_one, without_parser
+from dynamo_jax.rewards.verdict import Verdict, make_verdict
 
 _PR_SET_PDEATHSIG = 1
 

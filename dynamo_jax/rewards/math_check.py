@@ -46,7 +46,7 @@ from dynamo_jax.rewards import budget, number, screen
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.extract import box_spans, matching_braces, max_nesting_depth
 from dynamo_jax.rewards.normalise import normalise
-from dynamo_jax.rewards.verdict import Status, Verdict, make_verdict, reward_for  # noqa: F401
+from dynamo_jax.rewards.verdict import Verdict, make_verdict
 
 
 class DeadlineExceeded(BaseException):

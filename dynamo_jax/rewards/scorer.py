@@ -32,9 +32,9 @@ from multiprocessing.connection import Connection, wait
 
 from dynamo_jax.errors import ConfigError
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.math_check import make_verdict, precheck, score_one
+from dynamo_jax.rewards.math_check import precheck, score_one
 from dynamo_jax.rewards.user import absolute_spec
-from dynamo_jax.rewards.verdict import Verdict
+from dynamo_jax.rewards.verdict import Verdict, make_verdict
 from dynamo_jax.rewards.worker import READY, START_FAILED, worker_main
 
 __all__ = ["RewardPool", "Verdict", "score_one"]
