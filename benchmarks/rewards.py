@@ -45,13 +45,16 @@ def _rewrite(gold: str) -> str:
     return gold.replace("\\frac", "\\dfrac").replace(" ", "")
 
 
-def make_completions(num: int, seed: int = 0) -> tuple[list[str], list[str]]:
+def make_completions(num: int, seed: int = 0, group: int = 1) -> tuple[list[str], list[str]]:
+    """`num` completions of training problems; `group` consecutive ones share a problem, as a
+    GRPO group's completions do (group=1: each draws its own)."""
     rows = [r for r in load_rows(TRAIN) if r.gold.strip()]
     golds_pool = [r.gold for r in rows]
     rng = random.Random(seed)
     texts, golds = [], []
-    for _ in range(num):
-        row = rng.choice(rows)
+    for index in range(num):
+        if index % group == 0:
+            row = rng.choice(rows)
         gold, problem = row.gold, row.messages[-1]["content"]
         preamble = (
             f"Let me restate the problem. {problem}\n\nWe set up the equations step by step: "

@@ -16,7 +16,9 @@ core and a loaded machine changes it less than wall time would:
   docs/rewards.md#time-outs-are-decided-by-work-not-by-the-clock); this process holds the data
   loader's libraries too, so its forks cost more than a worker's;
 - `score_item`: what a worker does per item: in this process where math-verify's parser is
-  never needed (integer answers, screened or missing answers), else `score_isolated`;
+  never needed (integer answers, screened or missing answers), else, where other items share
+  its gold (`--group`), in a fork of a process that has read that gold once
+  (isolate.GoldServer), else `score_isolated`;
 - `fork alone`: a fork of this process, a trivial call in the child and its exit;
 - `pool, 1 worker`: what training runs, `RewardPool` with one worker (a fork of the
   rewards-only forkserver) scoring each item as `score_item` does, timed in the worker's CPU
@@ -112,10 +114,16 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--group",
+        type=int,
+        default=1,
+        help="consecutive completions sharing a problem (a GRPO group; 1: none share)",
+    )
+    parser.add_argument(
         "--split", action="store_true", help="only where a forked item's CPU goes, per phase"
     )
     args = parser.parse_args()
-    texts, golds = make_completions(args.num, seed=args.seed)
+    texts, golds = make_completions(args.num, seed=args.seed, group=args.group)
     cfg = RewardConfig(timeout_s=20.0)
     no_budget = RewardConfig(timeout_s=20.0, max_work_calls=0)
     warm_up(cfg)
@@ -132,13 +140,16 @@ def main() -> None:
         "score_one, no budget": lambda t, g: score_one(t, g, no_budget),
         "score_one": lambda t, g: score_one(t, g, cfg),
         "score_isolated": lambda t, g: score_isolated(t, g, cfg),
-        "score_item": lambda t, g: score_item(t, g, cfg),
+        "score_item": lambda t, g: score_item(t, g, cfg, gold_shared=args.group > 1),
         "fork alone": lambda t, g: call_isolated(len, t),
     }
     for text, gold in zip(texts[:20], golds[:20]):  # every variant past its first-use costs
         for fn in variants.values():
             fn(text, gold)
-    print(f"{args.num} completions (seed {args.seed}), one process, CPU time incl. forks")
+    print(
+        f"{args.num} completions (seed {args.seed}, groups of {args.group}), one process, "
+        "CPU time incl. forks"
+    )
     rates = {}
     for name, fn in variants.items():
         cpu, wall = _cpu_s(), time.perf_counter()

@@ -306,6 +306,33 @@ def test_pool_verdicts_are_the_same_in_any_order_and_any_grouping():
     assert grouped == first
 
 
+def test_a_group_sharing_a_gold_gets_the_verdicts_its_items_get_alone():
+    # Neighbours sharing a gold are scored from the worker's server for it (isolate.GoldServer);
+    # one item per batch is scored in its own fork.
+    items = [
+        ("\\boxed{\\frac{3}{5}}", "0.6"),
+        ("\\boxed{0.60}", "0.6"),
+        ("So $\\boxed{\\sqrt{0.36}}$.", "0.6"),
+        ("\\boxed{(5, \\infty)}", "(5,\\infty)"),
+        ("\\boxed{[5, \\infty)}", "(5,\\infty)"),
+        (NESTED[12], "42"),
+        (NESTED[2], "42"),
+    ]
+    with RewardPool(CFG) as pool:
+        together = pool.score([t for t, _ in items], [g for _, g in items])
+        alone = [pool.score([t], [g])[0] for t, g in items]
+    assert together == alone
+    assert [v.status for v in together] == [
+        "correct",
+        "correct",
+        "correct",
+        "correct",
+        "wrong",
+        "timeout",
+        "correct",
+    ]
+
+
 def test_same_verdicts_in_the_pool_under_load():
     # The reference comes from a pool too: a worker scores from its own warm state, which this
     # test process (whatever it parsed before) does not share.
@@ -359,7 +386,7 @@ def test_a_swallowed_cpu_deadline_still_times_the_item_out(monkeypatch):
 
     from dynamo_jax.rewards import math_check
 
-    def swallowing(text, gold, cfg):
+    def swallowing(text, gold, cfg, prepared=None):
         end = time.process_time() + 0.5
         while time.process_time() < end:
             try:
@@ -372,3 +399,14 @@ def test_a_swallowed_cpu_deadline_still_times_the_item_out(monkeypatch):
     cfg = dataclasses.replace(CFG, max_work_calls=0, timeout_s=0.1, wall_timeout_s=20.0)
     verdict = score_one("\\boxed{42}", "42", cfg)
     assert (verdict.status, verdict.detail) == ("timeout", "exceeded 0.1 CPU s")
+
+
+def _evaluate(times: int) -> None:
+    for _ in range(times):
+        eval("1 + 1")  # noqa: S307 - a new, equal code object each time, as SymPy's parse_expr
+
+
+def test_equal_code_objects_are_each_counted():
+    # The profiler keeps an entry per code object; equal ones (the same text evaluated twice)
+    # once collapsed into one dict key, so a count depended on how an item's work was split.
+    assert budget.calls_made(_evaluate, 3) - budget.calls_made(_evaluate, 1) == 2

@@ -74,10 +74,12 @@ def _calls(profiler) -> int:
     """Returned calls of every function but the check itself (which runs when the clock says).
 
     C functions only (`map`, `attrgetter`, `dict`): a generator expression here would run
-    Python frames, counted, a number of times that depends on the clock."""
+    Python frames, counted, a number of times that depends on the clock. The profiler keeps one
+    entry per code object, and equal code objects (SymPy `eval`s the same text again) are equal
+    keys: the sum is over the entries, the dict only finds the check's."""
     stats = profiler.getstats()
     by_code = dict(zip(map(_CODE, stats), map(_CALLCOUNT, stats)))
-    return sum(by_code.values()) - by_code.get(_CHECK_CODE, 0) + _Budget.steps
+    return sum(map(_CALLCOUNT, stats)) - by_code.get(_CHECK_CODE, 0) + _Budget.steps
 
 
 def _check(signum, frame):
@@ -87,7 +89,7 @@ def _check(signum, frame):
         return
     stats = profiler.getstats()
     by_code = dict(zip(map(_CODE, stats), map(_CALLCOUNT, stats)))
-    if sum(by_code.values()) - by_code.get(_CHECK_CODE, 0) + _Budget.steps > _Budget.limit:
+    if sum(map(_CALLCOUNT, stats)) - by_code.get(_CHECK_CODE, 0) + _Budget.steps > _Budget.limit:
         _Budget.exceeded = True
         raise WorkBudgetExceeded()
 
@@ -134,6 +136,19 @@ def calls_made(function, *args) -> int:
     with work_budget(sys.maxsize):
         function(*args)
     return _Budget.made
+
+
+def last_made() -> int:
+    """The count of the last budgeted block, also where it raised."""
+    return _Budget.made
+
+
+def add_prior_work(calls: int, exceeded: bool = False) -> None:
+    """Count, as the current item's, `calls` made for it before it started: its gold's parse,
+    done once in the process its fork came from (isolate.GoldServer). `exceeded`: that parse
+    ran out of the budget itself."""
+    _Budget.steps += calls
+    _Budget.exceeded = _Budget.exceeded or exceeded
 
 
 def _exponent_size(expt) -> float | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import math
 import os
@@ -36,9 +37,16 @@ import pickle
 import re
 import resource
 import signal
+import struct
 
 from dynamo_jax.rewards.config import RewardConfig
-from dynamo_jax.rewards.math_check import NeedsParser, score_one, without_parser
+from dynamo_jax.rewards.gold import prepare_gold
+from dynamo_jax.rewards.math_check import (
+    NeedsParser,
+    forget_regex_templates,
+    score_one,
+    without_parser,
+)
 from dynamo_jax.rewards.verdict import Verdict, make_verdict
 
 _PR_SET_PDEATHSIG = 1
@@ -92,10 +100,18 @@ def call_isolated(function, *args, cpu_limit: int = 3600):
     return pickle.loads(data)
 
 
+def _cpu_limit(cfg: RewardConfig) -> int:
+    return math.ceil(cfg.timeout_s + cfg.kill_grace_s)
+
+
 def score_isolated(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     """`score_one(text, gold, cfg)` in a forked child of this process (see module docstring)."""
-    cpu_limit = math.ceil(cfg.timeout_s + cfg.kill_grace_s)
-    data, status = _fork_call(score_one, (text, gold, cfg), cpu_limit)
+    return _verdict(*_fork_call(score_one, (text, gold, cfg), _cpu_limit(cfg)), cfg)
+
+
+def _verdict(data: bytes, status: int, cfg: RewardConfig) -> Verdict:
+    """The verdict a scoring child sent, or the one its death means."""
+    cpu_limit = _cpu_limit(cfg)
     if data:
         try:
             return pickle.loads(data)
@@ -104,17 +120,6 @@ def score_isolated(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
         return make_verdict("timeout", cfg, detail=f"killed at the {cpu_limit} CPU s limit")
     return make_verdict("parse_error", cfg, detail=f"scoring process died (status {status})")
-
-
-# The `re` module's memo of compiled replacement templates (an lru_cache: it can be emptied,
-# not put back); its name changed in Python 3.12.
-_RE_TEMPLATES = getattr(re, "_compile_repl", None) or getattr(re, "_compile_template", None)
-
-
-def forget_regex_templates() -> None:
-    """Empty `re`'s template cache: the worker's warm state holds none (worker.warm_up)."""
-    if _RE_TEMPLATES is not None:
-        _RE_TEMPLATES.cache_clear()
 
 
 def _score_without_parser(text: str, gold: str, cfg: RewardConfig) -> Verdict | None:
@@ -135,7 +140,116 @@ def _score_without_parser(text: str, gold: str, cfg: RewardConfig) -> Verdict | 
             gc.enable()
 
 
-def score_item(text: str, gold: str, cfg: RewardConfig) -> Verdict:
-    """`score_isolated`'s verdict; in this process where no parser runs (module docstring)."""
+_REQUEST = struct.Struct("!I")  # the pickled call's length
+_RESULT = struct.Struct("!iI")  # the item's wait status, its pickled result's length
+
+
+class GoldServer:
+    """A fork of this (warm) process that has parsed one gold (gold.prepare_gold) and forks each
+    item of that gold from there: the gold's parse is paid once per run of items sharing it,
+    and every item still starts from the same state (its count and verdict are those of
+    `score_isolated`). It holds the CPU limit of an item while it parses, and dies with this
+    process."""
+
+    def __init__(self, gold: str, cfg: RewardConfig):
+        self.gold, self.cfg, self.status = gold, cfg, None
+        requests_read, requests_write = os.pipe()
+        results_read, results_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(requests_write)
+                os.close(results_read)
+                _serve(gold, cfg, requests_read, results_write)
+            except BaseException:  # noqa: BLE001 - seen by the parent as a dead server
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(requests_read)
+        os.close(results_write)
+        self.pid = pid
+        self._requests = os.fdopen(requests_write, "wb")
+        self._results = os.fdopen(results_read, "rb")
+
+    def call(self, function, *args) -> tuple[bytes, int] | None:
+        """(pickled result or b"", wait status) of `function(*args, prepared=<the gold>)` in a
+        fork of the server; None where the server itself died (its wait status: `status`)."""
+        payload = pickle.dumps((function, args))
+        try:
+            self._requests.write(_REQUEST.pack(len(payload)) + payload)
+            self._requests.flush()
+            header = self._results.read(_RESULT.size)
+            status, size = _RESULT.unpack(header)
+            data = self._results.read(size)
+            if len(data) == size:
+                return data, status
+        except (OSError, struct.error):  # a closed pipe, or a short header: the server died
+            pass
+        self.close()
+        return None
+
+    def close(self) -> None:
+        if self.status is None:
+            with contextlib.suppress(OSError):
+                self._requests.close()
+            self._results.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.status = os.waitpid(self.pid, 0)[1]
+
+
+def _serve(gold: str, cfg: RewardConfig, requests_fd: int, results_fd: int) -> None:
+    gc.disable()
+    _die_with_parent()
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CPU, (_cpu_limit(cfg), hard))
+    prepared = prepare_gold(gold, cfg)
+    with contextlib.suppress(ValueError, OSError):  # its items carry their own limits
+        resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+    with os.fdopen(requests_fd, "rb") as requests, os.fdopen(results_fd, "wb") as results:
+        while len(header := requests.read(_REQUEST.size)) == _REQUEST.size:
+            function, args = pickle.loads(requests.read(_REQUEST.unpack(header)[0]))
+            call = functools.partial(function, prepared=prepared)
+            data, status = _fork_call(call, args, _cpu_limit(cfg))
+            results.write(_RESULT.pack(status, len(data)) + data)
+            results.flush()
+
+
+class _Current:
+    server: GoldServer | None = None  # this process's server for the gold of its last item
+
+
+def score_with_gold(text: str, gold: str, cfg: RewardConfig) -> Verdict:
+    """`score_isolated(text, gold, cfg)`'s verdict, from this process's server for `gold`."""
+    server = _Current.server
+    if server is not None and (server.gold, server.cfg, server.status) != (gold, cfg, None):
+        server.close()
+        server = None
+    if server is None:
+        server = _Current.server = GoldServer(gold, cfg)
+    result = server.call(score_one, text, gold, cfg)
+    if result is None:  # the server died: killed at its CPU limit parsing the gold, or worse
+        _Current.server = None
+        return _verdict(b"", server.status, cfg)
+    return _verdict(*result, cfg)
+
+
+def close_gold_server() -> None:
+    if _Current.server is not None:
+        _Current.server.close()
+        _Current.server = None
+
+
+def score_item(text: str, gold: str, cfg: RewardConfig, gold_shared: bool = False) -> Verdict:
+    """`score_isolated`'s verdict; in this process where no parser runs (module docstring), else
+    (math mode) from the server of its gold where that gold is shared with other items or
+    already served (a server costs one more fork, paid back from its second item)."""
     verdict = _score_without_parser(text, gold, cfg)
-    return score_isolated(text, gold, cfg) if verdict is None else verdict
+    if verdict is not None:
+        return verdict
+    served = _Current.server is not None and _Current.server.gold == gold
+    if cfg.answer_format == "math" and (gold_shared or served):
+        return score_with_gold(text, gold, cfg)
+    return score_isolated(text, gold, cfg)

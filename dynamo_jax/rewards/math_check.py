@@ -100,6 +100,17 @@ def _reset_state() -> None:
     sympy.core.random.seed(_SYMPY_SEED)
 
 
+# The `re` module's memo of compiled replacement templates (an lru_cache: it can be emptied,
+# not put back); its name changed in Python 3.12.
+_RE_TEMPLATES = getattr(re, "_compile_repl", None) or getattr(re, "_compile_template", None)
+
+
+def forget_regex_templates() -> None:
+    """Empty `re`'s template cache: the worker's warm state holds none (worker.warm_up)."""
+    if _RE_TEMPLATES is not None:
+        _RE_TEMPLATES.cache_clear()
+
+
 def _evaluate_infinities(item):
     """`item` with its arithmetic parts that contain an infinity evaluated (`oo**oo` → `oo`).
 
@@ -433,14 +444,23 @@ def _score_number(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     return make_verdict("correct" if ok else "wrong", cfg, answer=answer)
 
 
-def _score_unbounded(text: str, gold: str, cfg: RewardConfig) -> Verdict:
-    text, gold = normalise(text), gold_text(normalise(gold))
+def read_gold(gold: str) -> tuple[str, list]:
+    """The gold as completions are compared with it (normalised, its own boxes opened) and
+    math-verify's parse of it: one call, which a prepared gold stands in for (gold.py)."""
+    gold = gold_text(normalise(gold))
+    return gold, _parse_gold(gold)
+
+
+def _score_unbounded(text: str, gold: str, cfg: RewardConfig, prepared=None) -> Verdict:
+    text = normalise(text)
     reason = screen.completion_reason(text)
     if reason is not None:
         return make_verdict("wrong", cfg, detail=reason)
     if cfg.answer_format == "number":
-        return _score_number(text, gold, cfg)
-    gold_parsed = _parse_gold(gold)
+        return _score_number(text, gold_text(normalise(gold)), cfg)
+    # `prepared` (gold.PreparedGold): this gold read, and counted, in the process this one was
+    # forked from, from the state this item starts in.
+    gold, gold_parsed = read_gold(gold) if prepared is None else prepared.take()
     if not gold_parsed:
         return make_verdict("parse_error", cfg, detail="gold answer is empty or unparseable")
     predicted, answer, early = _extract(text, gold, cfg)
@@ -462,11 +482,13 @@ def _no_budget():
     yield
 
 
-def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
+def score_one(text: str, gold: str, cfg: RewardConfig, prepared=None) -> Verdict:
     """Score one completion in this process within `cfg.timeout_s` CPU seconds (main thread).
 
     Never raises for bad completion text: every failure becomes a verdict. A non-string gold is
-    a caller bug and raises TypeError.
+    a caller bug and raises TypeError. `prepared` (math mode): `gold.prepare_gold(gold, cfg)`,
+    run in this process or the one it was forked from, and nothing else since (it reset the
+    state this item starts from).
     """
     if not isinstance(gold, str):
         raise TypeError(f"gold answer must be a str, got {type(gold).__name__}")
@@ -477,12 +499,13 @@ def score_one(text: str, gold: str, cfg: RewardConfig) -> Verdict:
     early = precheck(text, cfg)
     if early is not None:
         return early
-    _reset_state()
+    if prepared is None:
+        _reset_state()
     verdict = None
     try:
         counted = budget.work_budget(cfg.max_work_calls) if cfg.max_work_calls else _no_budget()
         with time_limit(cfg.timeout_s), counted:
-            verdict = _score_unbounded(text, gold, cfg)
+            verdict = _score_unbounded(text, gold, cfg, prepared)
     except DeadlineExceeded:  # the safety net: work the budget does not count
         verdict = make_verdict("timeout", cfg, detail=f"exceeded {cfg.timeout_s} CPU s")
     except budget.WorkBudgetExceeded:

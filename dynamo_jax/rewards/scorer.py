@@ -214,7 +214,14 @@ class RewardPool:
                 pending.append(i)
             else:
                 results[i] = early
-        items = list(zip(completions_text, golds, sources, extra_infos))
+        # Whether a neighbour shares the gold (a group's completions come together): a worker
+        # then reads it once for the run of them it gets (isolate.GoldServer), where a lone
+        # item is scored in one fork.
+        shared = [
+            (i > 0 and golds[i - 1] == gold) or (i + 1 < len(golds) and golds[i + 1] == gold)
+            for i, gold in enumerate(golds)
+        ]
+        items = list(zip(completions_text, golds, sources, extra_infos, shared))
         self._run(pending, items, results)
         if self.cfg.function:
             _warn_user_failures(results, self.cfg.function)

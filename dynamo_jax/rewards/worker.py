@@ -1,5 +1,5 @@
-"""Entry point of a reward worker process: receive (index, text, gold, source, extra_info), send
-(index, Verdict).
+"""Entry point of a reward worker process: receive (index, text, gold, source, extra_info,
+gold_shared), send (index, Verdict).
 
 Kept apart from the pool so that the forkserver can preload exactly this module (math-verify,
 SymPy and the ANTLR grammar) once, making a replacement worker a cheap fork.
@@ -59,10 +59,13 @@ def worker_main(conn: Connection, cfg: RewardConfig) -> None:
             return
         if message is None:
             return
-        index, text, gold, source, extra_info = message
+        index, text, gold, source, extra_info, gold_shared = message
         if function is None:
-            scored = score_item if isolate.available() else score_one
-            conn.send((index, scored(text, gold, cfg)))
+            if isolate.available():
+                verdict = score_item(text, gold, cfg, gold_shared=gold_shared)
+            else:
+                verdict = score_one(text, gold, cfg)
+            conn.send((index, verdict))
         else:
             conn.send((index, score_user(function, text, gold, source, extra_info, cfg)))
 
@@ -139,7 +142,7 @@ def warm_up(cfg: RewardConfig | None = None) -> None:
     # between items does not write to the pages its forks share. `re`'s template cache is empty
     # here as after every item scored in this process (isolate.score_item).
     math_check._reset_state()
-    isolate.forget_regex_templates()
+    math_check.forget_regex_templates()
     gc.collect()
     gc.freeze()
     global _warm
