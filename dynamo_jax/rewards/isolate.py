@@ -72,19 +72,27 @@ def _child(write_fd: int, function, args, cpu_limit: int) -> None:
         out.write(data)
 
 
-def _fork_call(function, args, cpu_limit: int) -> tuple[bytes, int]:
-    """(pickled result or b"", wait status) of `function(*args)` run in a forked child."""
-    read_fd, write_fd = os.pipe()
+def _fork(run, *close: int) -> int:
+    """Fork; the child closes the descriptors `close`, runs `run()` and leaves without running
+    the parent's cleanup (exit status 1 where it raised). The child's pid, to the parent."""
     pid = os.fork()
-    if pid == 0:  # the child: compute, report, and leave without running the parent's cleanup
+    if pid == 0:
         code = 0
         try:
-            os.close(read_fd)
-            _child(write_fd, function, args, cpu_limit)
-        except BaseException:  # noqa: BLE001 - reported to the parent as a dead child
+            for fd in close:
+                os.close(fd)
+            run()
+        except BaseException:  # noqa: BLE001 - seen by the parent as a dead child
             code = 1
         finally:
             os._exit(code)
+    return pid
+
+
+def _fork_call(function, args, cpu_limit: int) -> tuple[bytes, int]:
+    """(pickled result or b"", wait status) of `function(*args)` run in a forked child."""
+    read_fd, write_fd = os.pipe()
+    pid = _fork(functools.partial(_child, write_fd, function, args, cpu_limit), read_fd)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as result:
         data = result.read()
@@ -155,17 +163,8 @@ class GoldServer:
         self.gold, self.cfg, self.status = gold, cfg, None
         requests_read, requests_write = os.pipe()
         results_read, results_write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(requests_write)
-                os.close(results_read)
-                _serve(gold, cfg, requests_read, results_write)
-            except BaseException:  # noqa: BLE001 - seen by the parent as a dead server
-                code = 1
-            finally:
-                os._exit(code)
+        serve = functools.partial(_serve, gold, cfg, requests_read, results_write)
+        pid = _fork(serve, requests_write, results_read)
         os.close(requests_read)
         os.close(results_write)
         self.pid = pid
