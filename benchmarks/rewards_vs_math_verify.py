@@ -52,9 +52,13 @@ def _cpu_s() -> float:
 
 
 def _worker_cpu_s(pid: int) -> float:
-    """utime + stime + cutime + cstime of a worker (its waited-for forks included)."""
+    """utime + stime + cutime + cstime of a worker (its waited-for forks included), and the same
+    of its live children (its gold's server and what that has waited for), recursively."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    live = children.read_text().split() if children.exists() else []
+    return own + sum(_worker_cpu_s(int(child)) for child in live)
 
 
 def _gold_source(gold: str) -> str:
