@@ -19,3 +19,35 @@ def test_the_split_counts_only_the_items_that_need_the_parser_and_times_each_pha
     # the answer's parse may reuse what the gold's left (math-verify's memo)
     for name in ("fork alone", "answer parse", "verify", "score_isolated"):
         assert split[name] >= 0, name
+
+
+def test_completions_in_groups_share_a_problem_and_group_one_draws_as_before():
+    from benchmarks.rewards import make_completions
+
+    texts, golds = make_completions(24, seed=2, group=8)
+    assert all(len(set(golds[i : i + 8])) == 1 for i in range(0, 24, 8))
+    assert len(set(texts[:8])) > 1  # the styles still vary within a group
+    assert make_completions(10, seed=2, group=1) == make_completions(10, seed=2)
+
+
+def test_a_workers_cpu_includes_its_live_childrens():
+    import os
+    import time
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child whose own live child burns CPU; both leave when the pipe closes
+        os.close(write_fd)
+        if os.fork() == 0:
+            end = time.process_time() + 0.5
+            while time.process_time() < end:
+                pass
+        os.read(read_fd, 1)  # returns at the parent's close (or death)
+        os._exit(0)
+    os.close(read_fd)
+    try:
+        time.sleep(1.5)
+        assert bench._worker_cpu_s(pid) >= 0.4  # all of it in the live grandchild
+    finally:
+        os.close(write_fd)
+        os.waitpid(pid, 0)
