@@ -42,6 +42,8 @@ class PreparedGold:
         budget.add_prior_work(self.calls, self.exceeded)
         if self.error is not None:
             raise self.error
+        if self.read is None:  # cut by the budget check: the item is a timeout
+            raise budget.WorkBudgetExceeded()
         return self.read
 
 
