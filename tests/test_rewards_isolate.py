@@ -41,7 +41,7 @@ def _needs_parser(text, gold):
 def _groups():
     """Groups of completions sharing a gold, in the styles a policy writes, that reach the
     parser; and a few of this file's own."""
-    texts, golds = make_completions(96, seed=5, group=6)
+    texts, golds = make_completions(48, seed=5, group=6)
     groups: dict[str, list[str]] = {}
     for text, gold in zip(texts, golds):
         if _needs_parser(text, gold):
@@ -56,7 +56,7 @@ def _groups():
 
 def test_an_item_served_from_its_gold_counts_and_scores_as_in_its_own_fork():
     groups, items = _groups(), 0
-    assert len(groups) >= 8
+    assert len(groups) >= 5
     for gold, texts in groups.items():
         server = GoldServer(gold, CFG)
         try:
@@ -68,7 +68,7 @@ def test_an_item_served_from_its_gold_counts_and_scores_as_in_its_own_fork():
                 items += 1
         finally:
             server.close()
-    assert items >= 20
+    assert items >= 12
 
 
 def test_the_budget_edge_is_the_same_call_when_served():
