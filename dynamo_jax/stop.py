@@ -26,10 +26,15 @@ class StopRequest:
 
     def __init__(self):
         self.requested = False
+        self.aborted = False
         self.signal_name = ""
 
     def __call__(self, signum, frame):
         if self.requested:
+            # Kept as well as raised: a handler that runs inside a callback called from C (a
+            # garbage-collection callback of JAX's, a finaliser) has its exception printed and
+            # dropped, and the loop then sees the flag (`raise_if_aborted`).
+            self.aborted = True
             raise KeyboardInterrupt
         self.requested = True
         self.signal_name = signal.Signals(signum).name
@@ -42,6 +47,11 @@ class StopRequest:
                 os.write(sys.stdout.fileno(), message.encode())
             except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
                 sys.stdout.write(message)
+
+    def raise_if_aborted(self) -> None:
+        """KeyboardInterrupt where a second signal came and its own raise was swallowed."""
+        if self.aborted:
+            raise KeyboardInterrupt
 
     def install(self) -> dict:
         """Handle both signals (main thread only); returns the handlers to put back."""

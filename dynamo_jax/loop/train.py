@@ -224,6 +224,7 @@ def _train(cfg: RunConfig, workdir: Path, stop: StopRequest) -> RunSummary:
                 )
                 writer.message(f"step {step}: {reason}; stopping")
                 break
+            stop.raise_if_aborted()  # before the checkpoint: a second signal writes none
             stopping = _any_process(stop.requested)  # every process stops after the same step
             last = step == cfg.train.steps or stopping
             if step % cfg.checkpoint.every_steps == 0 or last:
