@@ -9,10 +9,11 @@ import signal
 import pytest
 
 from benchmarks.rewards import make_completions
+from benchmarks.rewards_vs_math_verify import needs_parser
 from dynamo_jax.rewards import budget, isolate
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.isolate import GoldServer, call_isolated, score_isolated, score_item
-from dynamo_jax.rewards.math_check import NeedsParser, score_one, without_parser
+from dynamo_jax.rewards.math_check import score_one
 from dynamo_jax.rewards.worker import warm_up
 
 CFG = RewardConfig(max_work_calls=300_000, timeout_s=60.0, kill_grace_s=1.0)
@@ -29,22 +30,13 @@ def _verdict_and_calls(text, gold, cfg, prepared=None):
     return score_one(text, gold, cfg, prepared=prepared), budget.last_made()
 
 
-def _needs_parser(text, gold):
-    try:
-        with without_parser():
-            score_one(text, gold, CFG)
-    except NeedsParser:
-        return True
-    return False
-
-
 def _groups():
     """Groups of completions sharing a gold, in the styles a policy writes, that reach the
     parser; and a few of this file's own."""
     texts, golds = make_completions(48, seed=5, group=6)
     groups: dict[str, list[str]] = {}
     for text, gold in zip(texts, golds):
-        if _needs_parser(text, gold):
+        if needs_parser(text, gold, CFG):
             groups.setdefault(gold, []).append(text)
     groups.setdefault("0.6", []).extend(["\\boxed{\\frac{3}{5}}", "So $\\boxed{0.60}$ or so."])
     groups["(1, 2)"] = [
