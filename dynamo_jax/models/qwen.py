@@ -46,6 +46,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynamo_jax.models import init_normals
 from dynamo_jax.models.attention import (  # noqa: F401  (attend, attention_mask: re-exported)
     ATTENTION_IMPLS,
     attend,
@@ -206,7 +207,7 @@ class _Proj(nn.Module):
         cfg, dt, pdt = self.cfg, _dtype(self.cfg.dtype), _dtype(self.cfg.param_dtype)
         shape = (cfg.hidden_size, self.heads, cfg.head_dim)
         axes = ("embed", self.heads_axis, "head_dim")
-        kernel = _param(self, "kernel", nn.initializers.normal(_INIT_STD), shape, axes, pdt)
+        kernel = _param(self, "kernel", init_normals.normal(_INIT_STD), shape, axes, pdt)
         # One [tokens, D] x [D, heads·E] product, as in `MLP`: with the einsum over [B, L, D]
         # and the [D, heads, E] kernel, XLA:CPU transposed the query gradient into a [heads·E,
         # tokens] copy for the kernel's gradient (~6 ms a layer at small-qwen3 on one core).
@@ -276,7 +277,7 @@ class _Kernel(nn.Module):
 
     @nn.compact
     def __call__(self) -> Array:
-        init = nn.initializers.normal(_INIT_STD)
+        init = init_normals.normal(_INIT_STD)
         return _param(self, "kernel", init, self.shape, self.axes, self.param_dtype)
 
 
@@ -339,7 +340,7 @@ class Transformer(nn.Module):
             dtype=_dtype(cfg.dtype),
             param_dtype=_dtype(cfg.param_dtype),
             embedding_init=nn.with_logical_partitioning(
-                nn.initializers.normal(_INIT_STD), ("vocab", "embed")
+                init_normals.normal(_INIT_STD), ("vocab", "embed")
             ),
         )
         if cfg.scan_layers:
@@ -485,7 +486,11 @@ def _init_boxed(cfg: ModelConfig, rng: Array):
     # GPU-only implementation can still be initialised or shape-evaluated anywhere.
     cfg = cfg.replace(attention_impl="matmul")
     tokens = jnp.zeros((1, 1), jnp.int32)
-    return Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))["params"]
+    init = lambda: Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))
+    if cfg.scan_layers:  # the scanned body draws each kind of kernel once already
+        return init()["params"]
+    # Unrolled layers: one draw per distinct kernel shape, the same bits (init_normals).
+    return init_normals.batched_normals(init)["params"]
 
 
 def random_params(cfg: ModelConfig, rng: Array) -> Any:
