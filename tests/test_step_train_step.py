@@ -43,8 +43,8 @@ from dynamo_jax.step.forward import (
     model_param_shardings,
     token_stats,
 )
-from dynamo_jax.step.state import train_state_from_params
-from dynamo_jax.step.train_step import make_train_step
+from dynamo_jax.step.state import TrainState, train_state_from_params
+from dynamo_jax.step.train_step import _apply_update, make_train_step
 
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 2, 4)]
 LOSS_CFG = LossConfig()  # DynaMO: GC + UMS with exact K, token-mean, dual clip
@@ -253,6 +253,38 @@ def test_non_finite_loss_skips_the_update(setups):
     assert float(metrics["update_skipped"]) == 1.0
     assert int(new_state.step) == 0
     assert_trees_close(new_state.params, params, 0.0)
+
+
+@pytest.mark.parametrize("finite", [True, False])
+def test_the_conditional_update_has_the_bits_of_a_where_per_leaf(setups, finite):
+    """Oracle: the update as it was, each leaf of params and of AdamW's moments kept by
+    `jnp.where(finite, new, old)`."""
+    _, params, _ = setups["tiny-qwen3"]
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))
+    # moments that are not zero: one update's worth
+    first = lambda p, o: opt.update(jax.tree.map(jnp.sin, p), o, p)[1]
+    opt_state = jax.jit(first)(params, opt.init(params))
+    state = TrainState(params=params, opt_state=opt_state, step=jnp.array(3, jnp.int32))
+    grads = jax.tree.map(lambda p: jnp.cos(p * 7.0), params)
+
+    def where_per_leaf(state, grads, finite):
+        updates, opt_state = opt.update(grads, state.opt_state, state.params)
+        new = optax.apply_updates(state.params, updates)
+        keep = lambda n, o: jnp.where(finite, n, o)
+        return TrainState(
+            params=jax.tree.map(keep, new, state.params),
+            opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+            step=state.step + finite.astype(state.step.dtype),
+        )
+
+    flag = jnp.array(finite)
+    ours = jax.jit(lambda s, g, f: _apply_update(s, g, f, opt))(state, grads, flag)
+    oracle = jax.jit(where_per_leaf)(state, grads, flag)
+    leaves = lambda t: [np.asarray(x) for x in jax.tree.leaves(t)]
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(ours), leaves(oracle), strict=True))
+    assert int(ours.step) == (4 if finite else 3)
+    kept = all(np.array_equal(a, b) for a, b in zip(leaves(ours), leaves(state), strict=True))
+    assert kept == (not finite)
 
 
 def test_logprob_fn_matches_full_softmax(setups):
