@@ -255,6 +255,20 @@ def test_non_finite_loss_skips_the_update(setups):
     assert_trees_close(new_state.params, params, 0.0)
 
 
+def test_a_gradient_norm_past_float32_skips_the_update_though_each_gradient_is_finite(setups):
+    cfg, params, batch = setups["tiny-qwen3"]
+    *_, compiled, _ = run_step(setups, "tiny-qwen3", (1, 1, 1))
+    state = train_state_from_params(params, optax.sgd(1.0), compiled.input_shardings[0][0])
+    # advantages of 1e30: every gradient ~1e30 or less is a float32, their squares' sum is not
+    huge = dict(batch, advantages=np.full_like(batch["advantages"], 1e30))
+    huge.pop("sequence_index")
+    new_state, metrics = compiled(state, huge)
+    assert np.isinf(float(metrics["grad_norm"]))
+    assert float(metrics["update_skipped"]) == 1.0
+    assert int(new_state.step) == 0
+    assert_trees_close(new_state.params, params, 0.0)
+
+
 @pytest.mark.parametrize("finite", [True, False])
 def test_the_conditional_update_has_the_bits_of_a_where_per_leaf(setups, finite):
     """Oracle: the update as it was, each leaf of params and of AdamW's moments kept by
