@@ -154,7 +154,9 @@ def _token_batch(
     )
 
 
-def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> TrainState:
+def _apply_update(
+    state: TrainState, grads: Any, finite: Array, optimizer, grad_norm: Array | None = None
+) -> TrainState:
     """The optimizer's update when `finite`, else `state` as it was.
 
     A conditional, not a `jnp.where` per leaf: the selects were three fusions per parameter
@@ -162,7 +164,9 @@ def _apply_update(state: TrainState, grads: Any, finite: Array, optimizer) -> Tr
     faster without them, to the same bits (benchmarks/README.md#compile-time)."""
 
     def apply(state: TrainState) -> TrainState:
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        extra = {} if grad_norm is None else {"grad_norm": grad_norm}  # optimizer.py's clip
+        update = optax.with_extra_args_support(optimizer).update  # any optax transformation
+        updates, opt_state = update(grads, state.opt_state, state.params, **extra)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params=params, opt_state=opt_state, step=state.step + 1)
 
@@ -319,7 +323,7 @@ def make_train_step(
         metrics = finalize_metrics(metrics)
         metrics["grad_norm"] = grad_norm
         metrics["update_skipped"] = 1.0 - finite.astype(jnp.float32)
-        return _apply_update(state, grads, finite, optimizer), metrics
+        return _apply_update(state, grads, finite, optimizer, grad_norm), metrics
 
     train_step = jax.jit(
         step,
