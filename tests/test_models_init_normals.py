@@ -106,6 +106,18 @@ def test_draws_over_the_cap_are_each_drawn_directly(monkeypatch):
     assert _bits(batched) == _bits(jax.jit(_flax_draws(cfg))(key))
 
 
+@pytest.mark.parametrize(
+    "key",
+    [jax.random.PRNGKey(6), jax.random.key(6, impl="rbg")],
+    ids=["raw uint32 key", "rbg key"],
+)
+def test_keys_one_threefry_call_cannot_reproduce_are_drawn_directly(key):
+    cfg = get_preset("tiny-qwen3", scan_layers=False, num_layers=1)
+    assert _random_bits_calls(lambda k: qwen.random_params(cfg, k), key) > 1
+    batched = jax.jit(lambda k: qwen.random_params(cfg, k))(key)
+    assert _bits(batched) == _bits(jax.jit(_flax_draws(cfg))(key))
+
+
 def test_scanned_layers_draw_inside_the_scan_as_before():
     cfg = get_preset("tiny-qwen3", scan_layers=True)
     key = jax.random.key(4)

@@ -1,18 +1,21 @@
-"""Random-normal parameter initialisation drawn in one batch per shape, with the same bits.
+"""Random-normal parameter initialisation drawn by one threefry call, with the same bits.
 
 Why: every `nn.initializers.normal` call is a threefry hash of its own in the init program, and
-XLA:CPU compiles each one separately. The tiny model's 15 draws made its state's init program
-take 4-5 s to compile, longer than the model's forward pass; drawn as one vmapped draw per
-distinct (shape, dtype, std), the same values take a fraction of that (benchmarks/README.md,
-"The state's init program").
+XLA:CPU compiles each one separately (vmapping the draws of one shape together did not help:
+each distinct draw still cost ~0.45 s of compile). The tiny model's 15 draws made its state's
+init program take 4-5 s to compile; one threefry call over all of them takes a fraction of
+that (benchmarks/README.md#work-per-parameter).
 
 How, with the same bits: `normal(std)` is a drop-in for `nn.initializers.normal(std)`. Outside
 `batched_normals` it is that initializer. Inside, it records the key flax derived for the
-parameter and returns a placeholder; `batched_normals` then draws each group's values with
-`jax.vmap(jax.random.normal)` over the group's stacked keys and puts them where the
-placeholders were. The threefry bits of an element depend only on its key and its index
-(jax_threefry_partitionable), so a batched draw gives each parameter the bits of its own draw;
-tests/test_models_init_normals.py proves it, on one device and on a mesh.
+parameter and returns a placeholder; `batched_normals` then hashes every recorded draw's
+elements in one `threefry2x32` call (per dtype and std), each element with its own draw's key
+and its index in that draw, which is what jax.random's partitionable threefry hashes for a draw
+of its own; the bits then go through `jax.random.normal`'s transform (uniform in (-1, 1), then
+sqrt(2)·erfinv) and the std, and each slice replaces its placeholder.
+tests/test_models_init_normals.py proves the bits equal to flax's own draws, on one device and
+sharded over a mesh. Draws it cannot batch exactly (a key that is not threefry, the
+non-partitionable threefry, over `MAX_BATCHED_ELEMENTS` in all) are each drawn directly.
 
 Only for unrolled layers: under `nn.scan` the initializer runs inside the scan's body, where a
 placeholder cannot leave the trace (and the body's draws are compiled once anyway).
@@ -85,15 +88,17 @@ MAX_BATCHED_ELEMENTS = 1 << 24
 
 
 def _batchable(draws: list[_Draw]) -> bool:
-    total = sum(math.prod(draw.shape) for draw in draws)
-    threefry = all(
-        jax.random.key_impl(draw.key) == jax.random.key_impl(jax.random.key(0)) for draw in draws
+    """Whether one threefry call reproduces every draw: typed threefry keys (a raw uint32 key
+    or another generator is drawn directly), the partitionable bits, and a size under the cap."""
+    typed = all(
+        jnp.issubdtype(draw.key.dtype, jax.dtypes.prng_key) and draw.key.shape == ()
+        for draw in draws
     )
     return (
-        threefry
+        typed
+        and all(str(jax.random.key_impl(draw.key)) == "threefry2x32" for draw in draws)
         and bool(jax.config.jax_threefry_partitionable)
-        and total <= MAX_BATCHED_ELEMENTS
-        and all(draw.key.shape == () for draw in draws)
+        and sum(math.prod(draw.shape) for draw in draws) <= MAX_BATCHED_ELEMENTS
     )
 
 

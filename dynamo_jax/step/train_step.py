@@ -161,7 +161,7 @@ def _apply_update(
 
     A conditional, not a `jnp.where` per leaf: the selects were three fusions per parameter
     (params and both moments), and XLA:CPU compiled the tiny update 2.3 CPU s (a quarter)
-    faster without them, to the same bits (benchmarks/README.md#compile-time)."""
+    faster without them, to the same bits (benchmarks/README.md#work-per-parameter)."""
 
     def apply(state: TrainState) -> TrainState:
         extra = {} if grad_norm is None else {"grad_norm": grad_norm}  # optimizer.py's clip
