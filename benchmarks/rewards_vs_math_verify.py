@@ -2,6 +2,7 @@
 
     python -m benchmarks.rewards_vs_math_verify                 # 400 completions
     python -m benchmarks.rewards_vs_math_verify --num 1000 --seed 1
+    python -m benchmarks.rewards_vs_math_verify --group 8 --workers 4   # groups, 4 workers
 
 The completions are those of benchmarks/rewards.py (the training set's golds in the styles a
 policy writes). Each variant scores all of them in this process, one after the other, and is
@@ -25,6 +26,8 @@ core and a loaded machine changes it less than wall time would:
   seconds and its children's (Linux /proc). The in-process rows run after the bare math-verify
   pass over the same completions, and `score_isolated` / `score_item` fork this process, whose
   ANTLR prediction cache those passes warmed: only this row starts from a worker's state.
+  `--workers N`: N workers, their CPU summed (training's default is 4: a group's items go to
+  one worker where they can, scorer.next_position, so its gold is read once).
 
 Prints each variant's verdicts/s, its ratio to bare math-verify, and the load average.
 """
@@ -118,6 +121,9 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--workers", type=int, default=1, help="the pool's workers (CPU summed over all of them)"
+    )
+    parser.add_argument(
         "--group",
         type=int,
         default=1,
@@ -166,16 +172,17 @@ def main() -> None:
             f"CPU ms each, {wall:.1f} s wall)  {rates['math-verify'] / rates[name]:.2f}x "
             "math-verify's cost"
         )
-    with RewardPool(RewardConfig(num_workers=1, timeout_s=20.0)) as pool:
+    with RewardPool(RewardConfig(num_workers=args.workers, timeout_s=20.0)) as pool:
         pool.score(texts[:20], golds[:20])
-        (pid,) = pool.worker_pids()
-        cpu, wall = _worker_cpu_s(pid), time.perf_counter()
+        pids = pool.worker_pids()
+        cpu, wall = sum(map(_worker_cpu_s, pids)), time.perf_counter()
         pool.score(texts, golds)
-        cpu, wall = _worker_cpu_s(pid) - cpu, time.perf_counter() - wall
-        replaced = pool.worker_pids() != [pid]
+        cpu, wall = sum(map(_worker_cpu_s, pids)) - cpu, time.perf_counter() - wall
+        replaced = pool.worker_pids() != pids
     rate = args.num / cpu
+    name = f"pool, {args.workers} worker{'s' if args.workers > 1 else ''}"
     print(
-        f"{'pool, 1 worker':22s} {rate:7.1f} verdicts/s per core  ({1e3 * cpu / args.num:6.2f} "
+        f"{name:22s} {rate:7.1f} verdicts/s per core  ({1e3 * cpu / args.num:6.2f} "
         f"CPU ms each, {wall:.1f} s wall)  {rates['math-verify'] / rate:.2f}x "
         f"math-verify's cost{'  (worker replaced: incomplete)' if replaced else ''}"
     )

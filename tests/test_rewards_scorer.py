@@ -1,13 +1,16 @@
 """math-verify scoring: the hand-written answer-style table, hostile input, and the worker pool."""
 
+import collections
 import dataclasses
 import os
 import signal
 import threading
 import time
+import types
 
 import pytest
 
+from dynamo_jax.rewards import scorer
 from dynamo_jax.rewards.config import RewardConfig
 from dynamo_jax.rewards.scorer import RewardPool, score_one
 
@@ -369,3 +372,58 @@ def test_spawn_start_method_works_too():
 
 def test_empty_batch(pool):
     assert pool.score([], []) == []
+
+
+# ----------------------------------------------------------------------------- group affinity
+
+
+@pytest.mark.parametrize(
+    "golds, own, claimed, expected",
+    [
+        (["a", "a", "b", "b"], "b", set(), 2),  # its own group first, though not at the front
+        (["a", "a", "b", "b"], None, {"a"}, 2),  # a group no other worker holds
+        (["a", "b", "c"], "z", {"a", "b"}, 2),  # its own group done: the next free one
+        (["a", "a", "b"], None, {"a", "b"}, 0),  # every group held: the front, no idling
+        ([], None, set(), 0),
+    ],
+)
+def test_next_position(golds, own, claimed, expected):
+    assert scorer.next_position(golds, own, claimed) == expected
+
+
+class _FakeWorker:
+    ready = True
+
+    def __init__(self):
+        self.conn = object()
+
+
+def _dispatch_golds(num_workers: int, golds: list[str], shared: bool) -> list[str]:
+    """Each worker's golds, in order, when the workers take items in turn."""
+    workers = [_FakeWorker() for _ in range(num_workers)]
+    pool = types.SimpleNamespace(cfg=RewardConfig(), _workers=workers)
+    items = [(f"text {i}", gold, None, None, shared) for i, gold in enumerate(golds)]
+    batch = scorer._Batch(pool, collections.deque(range(len(golds))), items, [None] * len(golds))
+    served = {id(w): "" for w in workers}
+    while batch.pending:
+        for worker in workers:
+            if batch.pending:
+                served[id(worker)] += items[batch._take(worker)][1]
+    return sorted(served.values())
+
+
+def test_a_pools_workers_each_keep_to_a_group():
+    """Four workers, four groups of 8 sharing a gold: each worker scores one whole group (so
+    each gold is read once), where taking the queue's front gave every worker every gold."""
+    golds = [gold for gold in "abcd" for _ in range(8)]
+    assert _dispatch_golds(4, golds, shared=True) == [
+        "aaaaaaaa",
+        "bbbbbbbb",
+        "cccccccc",
+        "dddddddd",
+    ]
+    # more groups than workers: a worker done with its group takes the next free one
+    golds = [gold for gold in "abcdef" for _ in range(4)]
+    assert _dispatch_golds(2, golds, shared=True) == ["aaaacccceeee", "bbbbddddffff"]
+    # lone items (no neighbour shares the gold) hold no group: the queue's order
+    assert _dispatch_golds(2, list("abcd"), shared=False) == ["ac", "bd"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import os
@@ -51,6 +52,8 @@ _POLL_S = 0.1
 _START_TIMEOUT_S = 300.0
 # Replacements that die before they are ready, in one `score` call, before giving up.
 _MAX_START_FAILURES = 8
+# How far into the queue a worker looks for an item of its own group (`next_position`).
+_LOOKAHEAD = 64
 
 
 @dataclasses.dataclass
@@ -67,6 +70,22 @@ class _InFlight:
     index: int
     start_wall: float
     start_cpu: float | None
+
+
+def next_position(golds: Sequence[str], own: str | None, claimed: set[str]) -> int:
+    """Where in the queue (whose first items have `golds`) a worker takes its next item.
+
+    A worker that reads a group's gold once keeps its server for that gold
+    (isolate.GoldServer), so the group's items should go to the same worker: first an item of
+    the worker's `own` group (the gold of the last shared item it scored), then one of a group
+    no other worker holds (`claimed`: their own golds), else the first item, so that no worker
+    waits while there is work. Which worker scores an item never changes its verdict."""
+    if own is not None and own in golds:
+        return golds.index(own)
+    for position, gold in enumerate(golds):
+        if gold not in claimed:
+            return position
+    return 0
 
 
 @contextlib.contextmanager
@@ -303,14 +322,30 @@ class _Batch:
         self.warming = {id(w.conn): w for w in pool._workers if not w.ready}  # by id(conn)
         self.busy: dict[int, _InFlight] = {}  # by id(conn)
         self.start_failures = 0
+        self.group_of: dict[int, str] = {}  # by id(conn): the gold of its last shared item
+
+    def _take(self, worker: _Worker) -> int:
+        """The next item for `worker`, its group's first (`next_position`)."""
+        key = id(worker.conn)
+        window = [self.items[index][1] for index in itertools.islice(self.pending, _LOOKAHEAD)]
+        claimed = {gold for other, gold in self.group_of.items() if other != key}
+        position = next_position(window, self.group_of.get(key), claimed)
+        self.pending.rotate(-position)
+        index = self.pending.popleft()
+        self.pending.rotate(position)
+        if self.items[index][4]:  # shared: the worker's gold server now holds this gold
+            self.group_of[key] = self.items[index][1]
+        return index
 
     def replace(self, worker: _Worker) -> None:
+        self.group_of.pop(id(worker.conn), None)  # its gold server died with it
         fresh = self.pool._replace(worker)
         self.warming[id(fresh.conn)] = fresh
 
     def dispatch(self) -> None:
         while self.pending and self.idle:
-            worker, index = self.idle.pop(), self.pending.popleft()
+            worker = self.idle.pop()
+            index = self._take(worker)
             try:
                 worker.conn.send((index, *self.items[index]))
             except (BrokenPipeError, OSError):  # died while idle: retry on a fresh one
