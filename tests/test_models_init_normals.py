@@ -118,6 +118,18 @@ def test_keys_one_threefry_call_cannot_reproduce_are_drawn_directly(key):
     assert _bits(batched) == _bits(jax.jit(_flax_draws(cfg))(key))
 
 
+def test_a_64_bit_draw_is_drawn_directly():
+    """float64 bits join two hashes (jax.random's 64-bit path): one threefry call of 32-bit
+    bits would give other values, so such a draw is not batched."""
+    with jax.enable_x64(True):
+        key = jax.random.key(8)
+        build = lambda: {"w": init_normals.normal(0.5)(key, (3, 4), jnp.float64)}
+        batched = init_normals.batched_normals(build)["w"]
+        direct = nn.initializers.normal(0.5)(key, (3, 4), jnp.float64)
+        assert batched.dtype == jnp.float64
+        assert np.asarray(batched).tobytes() == np.asarray(direct).tobytes()
+
+
 def test_scanned_layers_draw_inside_the_scan_as_before():
     cfg = get_preset("tiny-qwen3", scan_layers=True)
     key = jax.random.key(4)

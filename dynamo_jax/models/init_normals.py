@@ -14,8 +14,8 @@ and its index in that draw, which is what jax.random's partitionable threefry ha
 of its own; the bits then go through `jax.random.normal`'s transform (uniform in (-1, 1), then
 sqrt(2)·erfinv) and the std, and each slice replaces its placeholder.
 tests/test_models_init_normals.py proves the bits equal to flax's own draws, on one device and
-sharded over a mesh. Draws it cannot batch exactly (a key that is not threefry, the
-non-partitionable threefry, over `MAX_BATCHED_ELEMENTS` in all) are each drawn directly.
+sharded over a mesh. Draws it cannot batch exactly (a key that is not threefry, a 64-bit float,
+the non-partitionable threefry, over `MAX_BATCHED_ELEMENTS` in all) are each drawn directly.
 
 Only for unrolled layers: under `nn.scan` the initializer runs inside the scan's body, where a
 placeholder cannot leave the trace (and the body's draws are compiled once anyway).
@@ -89,9 +89,13 @@ MAX_BATCHED_ELEMENTS = 1 << 24
 
 def _batchable(draws: list[_Draw]) -> bool:
     """Whether one threefry call reproduces every draw: typed threefry keys (a raw uint32 key
-    or another generator is drawn directly), the partitionable bits, and a size under the cap."""
+    or another generator is drawn directly), floats of at most 32 bits (a 64-bit draw joins two
+    hashes' bits, which `_uniform_from_bits` does not), the partitionable bits, and a size under
+    the cap."""
     typed = all(
-        jnp.issubdtype(draw.key.dtype, jax.dtypes.prng_key) and draw.key.shape == ()
+        jnp.issubdtype(draw.key.dtype, jax.dtypes.prng_key)
+        and draw.key.shape == ()
+        and jnp.finfo(draw.dtype).bits <= 32
         for draw in draws
     )
     return (

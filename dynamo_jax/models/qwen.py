@@ -489,7 +489,7 @@ def _init_boxed(cfg: ModelConfig, rng: Array):
     init = lambda: Transformer(cfg).init(rng, tokens, tokens, jnp.ones((1, 1), jnp.int32))
     if cfg.scan_layers:  # the scanned body draws each kind of kernel once already
         return init()["params"]
-    # Unrolled layers: one draw per distinct kernel shape, the same bits (init_normals).
+    # Unrolled layers: every kernel's draw in one threefry call, the same bits (init_normals).
     return init_normals.batched_normals(init)["params"]
 
 
