@@ -28,6 +28,7 @@ class StopRequest:
         self.requested = False
         self.aborted = False
         self.signal_name = ""
+        self._previous_unraisablehook = sys.unraisablehook
 
     def __call__(self, signum, frame):
         if self.requested:
@@ -54,10 +55,30 @@ class StopRequest:
             raise KeyboardInterrupt
 
     def install(self) -> dict:
-        """Handle both signals (main thread only); returns the handlers to put back."""
+        """Handle both signals (main thread only); returns the handlers to put back (`restore`).
+
+        Also keeps CPython from printing a traceback for the second signal's KeyboardInterrupt
+        where it was raised inside a callback called from C: CPython hands it to
+        `sys.unraisablehook`, which prints "Exception ignored in ..." and a traceback, though the
+        stop is already on its way (`raise_if_aborted`) and launch.py prints its one line."""
         if not _main_thread():
             return {}
-        return {signum: signal.signal(signum, self) for signum in self.SIGNALS}
+        previous = {signum: signal.signal(signum, self) for signum in self.SIGNALS}
+        self._previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = self._unraisablehook
+        return previous
+
+    def restore(self, previous: dict) -> None:
+        """Put back what `install` replaced."""
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if previous and sys.unraisablehook == self._unraisablehook:
+            sys.unraisablehook = self._previous_unraisablehook
+
+    def _unraisablehook(self, unraisable) -> None:
+        if self.aborted and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            return  # our own second signal, swallowed where it was raised: the flag carries it
+        self._previous_unraisablehook(unraisable)
 
 
 def _main_thread() -> bool:

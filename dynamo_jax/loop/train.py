@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +143,7 @@ def run(cfg: RunConfig, workdir: str | Path, *, start_over: bool = False) -> Run
     try:
         return _run(cfg, Path(workdir), start_over, stop)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        stop.restore(previous)
 
 
 def check_mesh(cfg: RunConfig) -> None:
