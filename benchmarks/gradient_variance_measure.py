@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks.gradient_variance_pipeline import Pipeline
-from benchmarks.gradient_variance_stats import DrawStats, total_variance
+from benchmarks.gradient_variance_stats import DrawStats, DrawStore, total_variance
 
 # name -> (the config's method whose allocation section it uses, policy override)
 ALLOCATIONS = {
@@ -164,20 +164,25 @@ def oracle_allocation(config_of: ConfigOf, sigma2: np.ndarray, rows: np.ndarray)
     return water_fill(sigma, rows, rows.size * acfg.n_avg, acfg.g_min, acfg.g_max)
 
 
-def draw_gradients(pipe, rows, n, draws, n_avg, seed_parts, progress) -> np.ndarray:
-    """float32 [draws, P]: the gradient of `draws` independent batches of n[i] rollouts."""
-    grads = []
-    for chunk in range(math.ceil(draws / DRAWS_PER_CALL)):
-        k = min(DRAWS_PER_CALL, draws - chunk * DRAWS_PER_CALL)
-        pool = pipe.sample(rows, n * k, stream_seed(*seed_parts, chunk))
-        for d in range(k):
-            completions = [
-                c for row, m in zip(rows, n) for c in pool[int(row)][d * m : (d + 1) * m]
-            ]
-            grad = pipe.gradient(completions, rows.size, n_avg, stats=False)[0]
-            grads.append(grad.astype(np.float32))
-            progress.step()
-    return np.stack(grads)
+def draw_gradients(pipe, rows, n, draws, n_avg, seed_parts, progress, g_ref) -> DrawStats:
+    """The `DrawStats` of the gradients of `draws` independent batches of n[i] rollouts."""
+    store = None
+    try:
+        for chunk in range(math.ceil(draws / DRAWS_PER_CALL)):
+            k = min(DRAWS_PER_CALL, draws - chunk * DRAWS_PER_CALL)
+            pool = pipe.sample(rows, n * k, stream_seed(*seed_parts, chunk))
+            for d in range(k):
+                completions = [
+                    c for row, m in zip(rows, n) for c in pool[int(row)][d * m : (d + 1) * m]
+                ]
+                grad = pipe.gradient(completions, rows.size, n_avg, stats=False)[0]
+                store = store or DrawStore(draws, grad.size)
+                store.add(grad)
+                progress.step()
+        return store.stats(g_ref)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def sigma_squared(
@@ -190,13 +195,18 @@ def sigma_squared(
         pool = pipe.sample(
             np.asarray([row]), np.asarray([n_avg * draws]), stream_seed(*seed_parts, i)
         )
-        h = []
-        for d in range(draws):
-            completions = pool[int(row)][d * n_avg : (d + 1) * n_avg]
-            h.append(pipe.gradient(completions, 1, n_avg, stats=False)[0])
-            progress.step()
-        h = np.stack(h)
-        grams.append(h @ h.T)
+        store = None
+        try:
+            for d in range(draws):
+                completions = pool[int(row)][d * n_avg : (d + 1) * n_avg]
+                grad = pipe.gradient(completions, 1, n_avg, stats=False)[0]
+                store = store or DrawStore(draws, grad.size)
+                store.add(grad)
+                progress.step()
+            grams.append(store.stats(None).gram)
+        finally:
+            if store is not None:
+                store.close()
         out[i] = n_avg * total_variance(grams[-1])
     return out, grams
 
@@ -206,20 +216,25 @@ def reference(pipe: Pipeline, rows, batches: int, per_prompt: int, seed_parts, p
     and H_i (mean token entropy) from the same rollouts; with no batches, g_ref is None."""
     if batches == 0:
         return {"g_ref": None, "ref_noise": float("nan")}
-    grads, correct, count, entropy = [], 0.0, 0.0, 0.0
-    for r in range(batches):
-        pool = pipe.sample(rows, np.full(rows.size, per_prompt), stream_seed(*seed_parts, r))
-        completions = [c for row in rows for c in pool[int(row)]]
-        grad, groups = pipe.gradient(completions, rows.size, per_prompt)
-        grads.append(grad)
-        progress.step()
-        correct = correct + pipe.by_row(groups, rows, "correct")
-        count = count + pipe.by_row(groups, rows, "count")
-        entropy = entropy + pipe.by_row(groups, rows, "entropy_mean") / batches
-    ref = np.stack(grads)
+    store, correct, count, entropy = None, 0.0, 0.0, 0.0
+    try:
+        for r in range(batches):
+            pool = pipe.sample(rows, np.full(rows.size, per_prompt), stream_seed(*seed_parts, r))
+            completions = [c for row in rows for c in pool[int(row)]]
+            grad, groups = pipe.gradient(completions, rows.size, per_prompt)
+            store = store or DrawStore(batches, grad.size)
+            store.add(grad)
+            progress.step()
+            correct = correct + pipe.by_row(groups, rows, "correct")
+            count = count + pipe.by_row(groups, rows, "count")
+            entropy = entropy + pipe.by_row(groups, rows, "entropy_mean") / batches
+        ref = store.stats(None)
+    finally:
+        if store is not None:
+            store.close()
     return {
-        "g_ref": ref.mean(0),
-        "ref_noise": total_variance(ref @ ref.T) / batches,
+        "g_ref": ref.mean,
+        "ref_noise": total_variance(ref.gram) / batches,
         "p": correct / count,
         "entropy": entropy,
     }
@@ -253,8 +268,9 @@ def measure_stage(
     for idx, (name, n) in enumerate(allocations.items()):
         if tuple(n) in stats:  # the same estimator as an allocation already measured
             continue
-        grads = draw_gradients(pipe, rows, n, args.draws, n_avg, (*base, DRAWS, idx), progress)
-        stats[tuple(n)] = DrawStats.of(grads, ref["g_ref"])
+        stats[tuple(n)] = draw_gradients(
+            pipe, rows, n, args.draws, n_avg, (*base, DRAWS, idx), progress, ref["g_ref"]
+        )
         print(
             f"  {task} step {stage} {name}: n = {n.tolist()}, variance "
             f"{stats[tuple(n)].variance:.4e} ({time.perf_counter() - t0:.0f} s)",

@@ -76,3 +76,21 @@ def test_draw_stats_cosine_and_bias_hand_worked():
     assert stats.mean_cos2(g_ref) == pytest.approx(0.5)
     assert stats.relative_bias2(g_ref, 0.0) == pytest.approx(0.0, abs=1e-12)
     assert stats.relative_bias2(g_ref, 0.1) == pytest.approx(-0.1)
+
+
+def test_the_draw_store_gives_the_in_memory_stats_block_by_block_and_removes_its_file(tmp_path):
+    rng = np.random.default_rng(3)
+    draws = (rng.normal(size=(5, 1000)) * rng.uniform(0.1, 10, size=1000)).astype(np.float32)
+    g_ref = rng.normal(size=1000)
+    store = gv.DrawStore(5, 1000, directory=str(tmp_path))
+    for grad in draws.astype(np.float64):  # what pipe.gradient returns: float64 of float32
+        store.add(grad)
+    blocked = store.stats(g_ref, block=64)  # 16 blocks, the last one partial
+    whole = gv.DrawStats.of(draws, g_ref)
+    np.testing.assert_allclose(blocked.gram, whole.gram, rtol=1e-12)
+    np.testing.assert_array_equal(blocked.mean, whole.mean)
+    np.testing.assert_allclose(blocked.ref_dot, whole.ref_dot, rtol=1e-12)
+    assert store.stats(None, block=64).ref_dot is None
+    assert list(tmp_path.iterdir())  # the draws are on disk, not in memory
+    store.close()
+    assert not list(tmp_path.iterdir())
