@@ -166,8 +166,7 @@ def oracle_allocation(config_of: ConfigOf, sigma2: np.ndarray, rows: np.ndarray)
 
 def draw_gradients(pipe, rows, n, draws, n_avg, seed_parts, progress, g_ref) -> DrawStats:
     """The `DrawStats` of the gradients of `draws` independent batches of n[i] rollouts."""
-    store = None
-    try:
+    with DrawStore(draws) as store:
         for chunk in range(math.ceil(draws / DRAWS_PER_CALL)):
             k = min(DRAWS_PER_CALL, draws - chunk * DRAWS_PER_CALL)
             pool = pipe.sample(rows, n * k, stream_seed(*seed_parts, chunk))
@@ -175,14 +174,9 @@ def draw_gradients(pipe, rows, n, draws, n_avg, seed_parts, progress, g_ref) -> 
                 completions = [
                     c for row, m in zip(rows, n) for c in pool[int(row)][d * m : (d + 1) * m]
                 ]
-                grad = pipe.gradient(completions, rows.size, n_avg, stats=False)[0]
-                store = store or DrawStore(draws, grad.size)
-                store.add(grad)
+                store.add(pipe.gradient(completions, rows.size, n_avg, stats=False)[0])
                 progress.step()
         return store.stats(g_ref)
-    finally:
-        if store is not None:
-            store.close()
 
 
 def sigma_squared(
@@ -195,18 +189,12 @@ def sigma_squared(
         pool = pipe.sample(
             np.asarray([row]), np.asarray([n_avg * draws]), stream_seed(*seed_parts, i)
         )
-        store = None
-        try:
+        with DrawStore(draws) as store:
             for d in range(draws):
                 completions = pool[int(row)][d * n_avg : (d + 1) * n_avg]
-                grad = pipe.gradient(completions, 1, n_avg, stats=False)[0]
-                store = store or DrawStore(draws, grad.size)
-                store.add(grad)
+                store.add(pipe.gradient(completions, 1, n_avg, stats=False)[0])
                 progress.step()
             grams.append(store.stats(None).gram)
-        finally:
-            if store is not None:
-                store.close()
         out[i] = n_avg * total_variance(grams[-1])
     return out, grams
 
@@ -216,22 +204,18 @@ def reference(pipe: Pipeline, rows, batches: int, per_prompt: int, seed_parts, p
     and H_i (mean token entropy) from the same rollouts; with no batches, g_ref is None."""
     if batches == 0:
         return {"g_ref": None, "ref_noise": float("nan")}
-    store, correct, count, entropy = None, 0.0, 0.0, 0.0
-    try:
+    correct, count, entropy = 0.0, 0.0, 0.0
+    with DrawStore(batches) as store:
         for r in range(batches):
             pool = pipe.sample(rows, np.full(rows.size, per_prompt), stream_seed(*seed_parts, r))
             completions = [c for row in rows for c in pool[int(row)]]
             grad, groups = pipe.gradient(completions, rows.size, per_prompt)
-            store = store or DrawStore(batches, grad.size)
             store.add(grad)
             progress.step()
             correct = correct + pipe.by_row(groups, rows, "correct")
             count = count + pipe.by_row(groups, rows, "count")
             entropy = entropy + pipe.by_row(groups, rows, "entropy_mean") / batches
         ref = store.stats(None)
-    finally:
-        if store is not None:
-            store.close()
     return {
         "g_ref": ref.mean,
         "ref_noise": total_variance(ref.gram) / batches,

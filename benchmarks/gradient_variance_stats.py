@@ -84,19 +84,28 @@ class DrawStats:
 
 
 class DrawStore:
-    """D gradient draws of P entries in a float32 file, one row each, and their `DrawStats`
-    computed from it a block of columns at a time: the memory is D x block, not D x P. A real
-    model's draws do not fit in memory (SmolLM2-135M: 0.54 GB a draw, 32 draws per allocation;
-    held and then converted to float64, they took the process past 24 GB). float32 keeps every
-    bit of the train step's float32 gradient."""
+    """Up to D gradient draws in a float32 file, one row each, and their `DrawStats` computed
+    from it a block of columns at a time: the memory is D x block, not D x P. A real model's
+    draws do not fit in memory (SmolLM2-135M: 0.54 GB a draw, 32 draws per allocation; held and
+    then converted to float64, they took the process past 24 GB). float32 keeps every bit of
+    the train step's float32 gradient. The file is made at the first draw (its length P) and
+    removed when the `with` block ends."""
 
-    def __init__(self, draws: int, size: int, directory: str | None = None):
+    def __init__(self, draws: int, directory: str | None = None):
+        self.draws, self.count, self.rows = draws, 0, None
         self._dir = tempfile.TemporaryDirectory(prefix="gradient_draws_", dir=directory)
-        path = Path(self._dir.name) / "draws.npy"
-        self.rows = np.lib.format.open_memmap(path, "w+", np.float32, (draws, size))
-        self.count = 0
+
+    def __enter__(self) -> DrawStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rows = None  # the memmap holds its file open until it is dropped
+        self._dir.cleanup()
 
     def add(self, grad: np.ndarray) -> None:
+        if self.rows is None:
+            path = Path(self._dir.name) / "draws.npy"
+            self.rows = np.lib.format.open_memmap(path, "w+", np.float32, (self.draws, grad.size))
         self.rows[self.count] = grad
         self.count += 1
 
@@ -111,10 +120,6 @@ class DrawStore:
             if g_ref is not None:
                 ref_dot += x @ g_ref[start : start + block]
         return DrawStats(gram, mean, ref_dot)
-
-    def close(self) -> None:
-        del self.rows  # the memmap's file is open until then
-        self._dir.cleanup()
 
 
 def predicted_ratio_interval(m: dict, n: np.ndarray, resamples: int, rng) -> tuple[float, float]:

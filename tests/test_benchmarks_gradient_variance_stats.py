@@ -82,15 +82,14 @@ def test_the_draw_store_gives_the_in_memory_stats_block_by_block_and_removes_its
     rng = np.random.default_rng(3)
     draws = (rng.normal(size=(5, 1000)) * rng.uniform(0.1, 10, size=1000)).astype(np.float32)
     g_ref = rng.normal(size=1000)
-    store = gv.DrawStore(5, 1000, directory=str(tmp_path))
-    for grad in draws.astype(np.float64):  # what pipe.gradient returns: float64 of float32
-        store.add(grad)
-    blocked = store.stats(g_ref, block=64)  # 16 blocks, the last one partial
+    with gv.DrawStore(5, directory=str(tmp_path)) as store:
+        for grad in draws.astype(np.float64):  # what pipe.gradient returns: float64 of float32
+            store.add(grad)
+        blocked = store.stats(g_ref, block=64)  # 16 blocks, the last one partial
+        assert store.stats(None, block=64).ref_dot is None
+        assert list(tmp_path.iterdir())  # the draws are on disk, not in memory
     whole = gv.DrawStats.of(draws, g_ref)
     np.testing.assert_allclose(blocked.gram, whole.gram, rtol=1e-12)
     np.testing.assert_array_equal(blocked.mean, whole.mean)
     np.testing.assert_allclose(blocked.ref_dot, whole.ref_dot, rtol=1e-12)
-    assert store.stats(None, block=64).ref_dot is None
-    assert list(tmp_path.iterdir())  # the draws are on disk, not in memory
-    store.close()
     assert not list(tmp_path.iterdir())
