@@ -125,3 +125,18 @@ def test_a_server_killed_under_an_item_is_a_verdict_and_the_next_item_gets_a_new
     assert isolate._Current.server is None
     assert score_item("\\boxed{0.6}", "0.6", CFG, gold_shared=True).status == "correct"
     assert isolate._Current.server.pid != killed
+
+
+def _parent_death_signal() -> int:
+    import ctypes
+
+    signal_number = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(signal_number), 0, 0, 0)  # PR_GET_PDEATHSIG
+    return signal_number.value
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_forked_item_is_killed_with_its_worker():
+    # libc is opened once in the worker (isolate._PRCTL), the death signal set in each child.
+    assert _parent_death_signal() == 0
+    assert call_isolated(_parent_death_signal) == signal.SIGKILL

@@ -56,10 +56,20 @@ def available() -> bool:
     return hasattr(os, "fork")
 
 
+def _load_prctl():
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+# Loaded once here, not in each child: opening libc took ~0.5 of a child's ~3 CPU ms.
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _PRCTL is not None:
+        with contextlib.suppress(OSError, TypeError):
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _child(write_fd: int, function, args, cpu_limit: int) -> None:
