@@ -245,7 +245,8 @@ class Checkpointer:
         # earlier save or restore of the others in this process.
         handlers = {name: ocp.StandardCheckpointHandler() for name in (*DEVICE_ITEMS, HOST)}
         handlers[META] = ocp.JsonCheckpointHandler()
-        with runlog.library_detail_to(self.log_file):  # orbax reads every step's metadata
+        # orbax reads every step's metadata, damaged ones too, without raising
+        with runlog.library_detail_to(self.log_file, collect=True):
             self._manager = ocp.CheckpointManager(
                 self.directory, options=options, item_handlers=handlers
             )
@@ -457,7 +458,7 @@ class Checkpointer:
         skipped = [name for name in self._unsafe]
         for name, why in self._unsafe.items():
             self._report(name, why, None)
-        with runlog.library_detail_to(self.log_file):
+        with runlog.library_detail_to(self.log_file, collect=True):  # damaged steps are skipped
             for step in reversed(self.all_steps()):
                 try:
                     meta = self.read_meta(step)
