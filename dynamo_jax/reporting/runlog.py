@@ -100,14 +100,13 @@ def library_detail_to(path: Path | None, *, collect: bool = False) -> Iterator[N
 
     threading.excepthook = thread_hook
     sys.unraisablehook = unraisable_hook
-    failed = False
     try:
         yield
     except BaseException:
-        failed = True
+        collect = True
         raise
     finally:
-        if collect or failed:
+        if collect:
             gc.collect()  # collect what the failed reads left while the hook is ours
         sys.unraisablehook = previous_unraisable
         threading.excepthook = previous_hook
