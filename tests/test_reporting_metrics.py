@@ -42,6 +42,39 @@ def test_jsonl_records_are_json_scalars_and_nan_is_a_string(tmp_path):
     assert list((tmp_path / "tb").iterdir()), "TensorBoard event file expected"
 
 
+def _tensorboard_scalars(logdir):
+    """{tag: [(step, value)]} as TensorBoard itself reads the run's events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_reads_every_numeric_value_of_every_step(tmp_path):
+    _write_run(tmp_path, progress_bar=False)
+    scalars = _tensorboard_scalars(tmp_path / "tb")
+    numeric = ["reward/mean", "entropy/mean", "temperature", "alloc/n_mean", "alloc/n_min",
+               "alloc/n_max"]  # fmt: skip
+    # The array and the non-finite value ("nan" in the JSONL) are in the JSONL only.
+    assert sorted(scalars) == sorted(numeric)
+    for record in read_metrics(tmp_path):
+        step = record["step"]
+        for tag in numeric:
+            (value,) = [v for s, v in scalars[tag] if s == step]
+            assert value == pytest.approx(np.float32(record[tag])), (tag, step)
+
+
+def test_tensorboard_drops_the_steps_after_a_resumes_checkpoint(tmp_path):
+    _write_run(tmp_path, progress_bar=False)  # steps 1-10, then a resume from step 6
+    w = MetricsWriter(tmp_path, LoggingConfig(progress_bar=False), total_steps=10, start_step=6)
+    for step in (7, 8):
+        w.write(step, {"reward/mean": 100.0 + step})
+    w.close()
+    rewards = _tensorboard_scalars(tmp_path / "tb")["reward/mean"]
+    assert rewards == [(s, pytest.approx(s / 10)) for s in range(1, 7)] + [(7, 107.0), (8, 108.0)]
+
+
 def test_truncate_on_resume_and_torn_last_line(tmp_path):
     _write_run(tmp_path, progress_bar=False, tensorboard=False)
     with (tmp_path / "metrics.jsonl").open("a") as f:

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -167,8 +168,14 @@ class MetricsWriter:
             SummaryWriter = _summary_writer_class()
             # write() flushes after each step; the writer thread never flushes on its own
             # (a disk-full error there would kill the thread and then block the next step).
+            # The event file is named by the second and the host, and opened for writing: a
+            # resume in the same second replaced the earlier run's file; the process and the
+            # start step in the name keep both.
             self._tb = SummaryWriter(
-                str(self.workdir / "tb"), purge_step=start_step + 1, flush_secs=_TB_NEVER_S
+                str(self.workdir / "tb"),
+                purge_step=start_step + 1,
+                flush_secs=_TB_NEVER_S,
+                filename_suffix=f".{os.getpid()}.{start_step}",
             )
         self._bar = None
         if config.progress_bar:
@@ -184,11 +191,7 @@ class MetricsWriter:
             self._file.flush()
         if self._tb is not None:
             with self._out_of_space(f"{self.workdir / 'tb'}: step {step}'s TensorBoard events"):
-                for key, value in record.items():
-                    if key == "step" or isinstance(value, bool):
-                        continue
-                    if isinstance(value, int | float):
-                        self._tb.add_scalar(key, value, step)
+                self._write_tb_scalars(step, record)
                 self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(step, record)
@@ -200,6 +203,25 @@ class MetricsWriter:
             }
             self._bar.set_postfix(shown, refresh=False)
             self._bar.update(1 if advance else 0)
+
+    def _write_tb_scalars(self, step: int, record: Mapping[str, Any]) -> None:
+        """The record's numbers as one TensorBoard event: a summary with one value per key.
+
+        `add_scalar` makes an event per key (and asks for a Comet logger each time); with ~50
+        keys a step that was 7 ms of the tiny run's 100-ms steps (benchmarks/README.md). The
+        values are `tensorboardX.summary.scalar`'s own, so TensorBoard reads the same scalars.
+        `_get_file_writer` is the writer's own accessor (tensorboardX is pinned to 2.6).
+        """
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import scalar
+
+        values = [
+            scalar(key, value).value[0]
+            for key, value in record.items()
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)
+        ]
+        if values:
+            self._tb._get_file_writer().add_summary(Summary(value=values), step)
 
     def message(self, text: str) -> None:
         """A line that does not break the progress bar."""
