@@ -207,9 +207,9 @@ class MetricsWriter:
     def _write_tb_scalars(self, step: int, record: Mapping[str, Any]) -> None:
         """The record's numbers as one TensorBoard event: a summary with one value per key.
 
-        `add_scalar` makes an event per key (and asks for a Comet logger each time); with ~50
-        keys a step that was 7 ms of the tiny run's 100-ms steps (benchmarks/README.md). The
-        values are `tensorboardX.summary.scalar`'s own, so TensorBoard reads the same scalars.
+        `add_scalar` makes an event per key (and asks for a Comet logger each time): 100 steps of
+        53 keys took 0.28-0.37 s that way and 0.06-0.09 s so (benchmarks/README.md). The values
+        are `tensorboardX.summary.scalar`'s own, so TensorBoard reads the same scalars.
         `_get_file_writer` is the writer's own accessor (tensorboardX is pinned to 2.6).
         """
         from tensorboardX.proto.summary_pb2 import Summary
